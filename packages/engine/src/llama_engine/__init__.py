@@ -1,0 +1,43 @@
+"""llama-engine: run GGUF models like llama.cpp, with continuous batching.
+
+from llama_engine import LLM
+
+with LLM("SmolLM2-135M-Instruct.Q4_1.gguf") as llm:
+    print(llm.complete("The capital of France is", max_tokens=16, temperature=0))
+"""
+
+from .batch import Batch
+from .engine import Engine, EngineConfig, QueueFullError, RequestHandle
+from .llm import LLM
+from .requests import (
+    EmbeddingRequest,
+    FinalEvent,
+    GenerationRequest,
+    Pooling,
+    StopReason,
+    Timings,
+    TokenEvent,
+    Usage,
+)
+from .sampling import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LLM",
+    "Batch",
+    "EmbeddingRequest",
+    "Engine",
+    "EngineConfig",
+    "FinalEvent",
+    "GenerationRequest",
+    "Pooling",
+    "QueueFullError",
+    "RequestHandle",
+    "SamplingParams",
+    "StopReason",
+    "Timings",
+    "TokenEvent",
+    "Usage",
+    "__version__",
+]

@@ -1,0 +1,28 @@
+"""Architectures, one module each, registered by `general.architecture`."""
+
+from __future__ import annotations
+
+from gguf_io import GGUFFile
+
+from . import gemma3, llama, phi3, qwen2, qwen3  # noqa: F401  (each registers itself)
+from .base import ARCHITECTURES, DecoderModel, ModelConfig, UnsupportedArchitectureError, register
+
+__all__ = [
+    "ARCHITECTURES",
+    "DecoderModel",
+    "ModelConfig",
+    "UnsupportedArchitectureError",
+    "load_model",
+    "register",
+]
+
+
+def load_model(gguf: GGUFFile) -> DecoderModel:
+    """Build the model for the file's architecture; an unknown one names itself and the supported ones."""
+    arch = gguf.header.architecture
+    cls = ARCHITECTURES.get(arch)
+    if cls is None:
+        raise UnsupportedArchitectureError(
+            f"architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
+        )
+    return cls(gguf)

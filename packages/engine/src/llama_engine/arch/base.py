@@ -1,0 +1,384 @@
+"""The decoder-only transformer every supported architecture is a variation of, and the registry.
+
+An architecture module subclasses `DecoderModel`, sets what differs (RoPE layout, activation, norms,
+embedding scale, sliding-window layers) and registers itself under its `general.architecture` name:
+
+    @register("llama")
+    class Llama(DecoderModel): ...
+
+The forward pass takes a `Batch` mixing sequences and returns the logits of the tokens that asked for
+them. Weights stay quantized: each matrix is a `llama_quant.kernels.QuantMatrix`.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
+from llama_quant import dequantize
+from llama_quant.kernels import Activations, QuantMatrix
+
+from .. import ops
+from ..batch import Batch
+from ..kv_cache import KVCache
+
+__all__ = [
+    "ARCHITECTURES",
+    "DecoderModel",
+    "LayerWeights",
+    "ModelConfig",
+    "UnsupportedArchitectureError",
+    "register",
+]
+
+ARCHITECTURES: dict[str, type[DecoderModel]] = {}
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The model's `general.architecture` has no implementation here."""
+
+
+def register(name: str):
+    """Register a DecoderModel subclass for `general.architecture == name`."""
+
+    def deco(cls: type[DecoderModel]) -> type[DecoderModel]:
+        cls.arch = name
+        ARCHITECTURES[name] = cls
+        return cls
+
+    return deco
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Hyperparameters the forward pass uses, resolved once from the header (llama_hparams)."""
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_dims: int
+    rope_base: float
+    rope_base_swa: float
+    swa_window: int | None
+    swa_layers: frozenset[int]
+    attn_scale: float
+    embed_scale: float
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One block's tensors; matrices are QuantMatrix (rows = output features), vectors float32."""
+
+    attn_norm: np.ndarray
+    wq: QuantMatrix | None
+    wk: QuantMatrix | None
+    wv: QuantMatrix | None
+    wqkv: QuantMatrix | None
+    wo: QuantMatrix
+    ffn_norm: np.ndarray | None
+    w_gate: QuantMatrix | None
+    w_up: QuantMatrix
+    w_down: QuantMatrix
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    bo: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class DecoderModel:
+    """Pre-norm decoder: attention and gated FFN blocks with residuals (llama's graph, with hooks)."""
+
+    arch: ClassVar[str] = ""
+    rope_mode: ClassVar[int] = ops.ROPE_NORM
+    activation: ClassVar[str] = "silu"  # "silu" (SwiGLU) or "gelu" (GeGLU)
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        self.header = gguf.header
+        self.config = self.make_config(gguf.header)
+        self._gguf = gguf
+        self.tok_embd_type = gguf.tensors["token_embd.weight"].ggml_type
+        self._tok_embd_raw = gguf.tensor_bytes("token_embd.weight")
+        self._tok_row_bytes = self._tok_embd_raw.nbytes // self.config.n_vocab
+        self.layers = [self.load_layer(il) for il in range(self.config.n_layer)]
+        self.output_norm = self.vec("output_norm.weight")
+        self.output = self.matrix("output.weight") or self.matrix("token_embd.weight")
+        assert self.output is not None
+        self._rope: dict[float, np.ndarray] = {}
+        self._release_pages()
+
+    # -- loading -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def make_config(cls, h: ModelHeader) -> ModelConfig:
+        n_head = _uniform(h.head_count, "head_count")
+        n_head_kv = _uniform(h.head_count_kv, "head_count_kv")
+        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise ValueError(f"head_count {n_head} must be a positive multiple of head_count_kv {n_head_kv}")
+        return ModelConfig(
+            arch=h.architecture,
+            n_layer=h.block_count,
+            n_embd=h.embedding_length,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=h.key_length,
+            head_dim_v=h.value_length,
+            n_vocab=h.vocab_size,
+            n_ctx_train=h.context_length,
+            rms_eps=h.layer_norm_rms_epsilon or 1e-5,
+            rope_dims=h.rope_dimension_count or h.key_length,
+            rope_base=h.rope_freq_base or 10000.0,
+            rope_base_swa=h.rope_freq_base_swa or 10000.0,
+            swa_window=None,
+            swa_layers=frozenset(),
+            attn_scale=1.0 / float(np.sqrt(h.key_length)),
+            embed_scale=1.0,
+        )
+
+    def has(self, name: str) -> bool:
+        return name in self._gguf.tensors
+
+    def matrix(self, name: str) -> QuantMatrix | None:
+        """A 2-D weight as a QuantMatrix (rows = ne1 outputs, cols = ne0 inputs), or None if absent."""
+        t = self._gguf.tensors.get(name)
+        if t is None:
+            return None
+        if len(t.shape) != 2:
+            raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected a matrix")
+        return QuantMatrix(self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
+
+    def vec(self, name: str) -> np.ndarray:
+        """A weight vector (norm weights, biases) as float32, copied out of the mmap."""
+        v = self.vec_or_none(name)
+        if v is None:
+            raise ValueError(f"the model has no tensor {name}")
+        return v
+
+    def vec_or_none(self, name: str) -> np.ndarray | None:
+        t = self._gguf.tensors.get(name)
+        if t is None:
+            return None
+        raw = self._gguf.tensor_bytes(name)
+        if t.ggml_type == GGMLQuantizationType.F32:
+            return raw.view(np.float32).copy()
+        return dequantize(raw, t.ggml_type, (t.n_elements,)).astype(np.float32)
+
+    def load_layer(self, il: int) -> LayerWeights:
+        p = f"blk.{il}."
+        fused = self.matrix(p + "attn_qkv.weight")
+        gate = self.matrix(p + "ffn_gate.weight")
+        up = self.matrix(p + "ffn_up.weight")
+        wo = self.matrix(p + "attn_output.weight")
+        down = self.matrix(p + "ffn_down.weight")
+        if wo is None or up is None or down is None:
+            raise ValueError(f"layer {il} lacks attn_output, ffn_up or ffn_down weights")
+        return LayerWeights(
+            attn_norm=self.vec(p + "attn_norm.weight"),
+            wq=None if fused else self.matrix(p + "attn_q.weight"),
+            wk=None if fused else self.matrix(p + "attn_k.weight"),
+            wv=None if fused else self.matrix(p + "attn_v.weight"),
+            wqkv=fused,
+            wo=wo,
+            ffn_norm=self.vec_or_none(p + "ffn_norm.weight"),
+            w_gate=gate,
+            w_up=up,
+            w_down=down,
+            bq=self.vec_or_none(p + "attn_q.bias"),
+            bk=self.vec_or_none(p + "attn_k.bias"),
+            bv=self.vec_or_none(p + "attn_v.bias"),
+            bo=self.vec_or_none(p + "attn_output.bias"),
+            q_norm=self.vec_or_none(p + "attn_q_norm.weight"),
+            k_norm=self.vec_or_none(p + "attn_k_norm.weight"),
+            post_attn_norm=self.vec_or_none(p + "post_attention_norm.weight"),
+            post_ffn_norm=self.vec_or_none(p + "post_ffw_norm.weight"),
+        )
+
+    def _release_pages(self) -> None:
+        """Weights now live repacked in memory: drop the file pages we touched from resident memory."""
+        for path_mm in getattr(self._gguf, "_shards", []):
+            mm = path_mm.mm
+            if mm is not None and hasattr(mm, "madvise"):
+                mm.madvise(mmap.MADV_DONTNEED)
+
+    # -- cache -------------------------------------------------------------------------------------------
+
+    def make_kv_cache(
+        self, n_ctx: int, n_seq_max: int = 1, n_ubatch: int = 512, swa_full: bool = False
+    ) -> KVCache:
+        c = self.config
+        return KVCache(
+            n_ctx,
+            c.n_layer,
+            c.n_head_kv * c.head_dim,
+            c.swa_layers,
+            c.swa_window,
+            n_seq_max=n_seq_max,
+            n_ubatch=n_ubatch,
+            swa_full=swa_full,
+        )
+
+    def rope_cache(self, il: int, n_pos: int) -> np.ndarray:
+        c = self.config
+        base = c.rope_base_swa if il in c.swa_layers else c.rope_base
+        table = self._rope.get(base)
+        if table is None or len(table) < n_pos:
+            table = ops.rope_cache(max(n_pos, 4096), c.rope_dims, base)
+            self._rope[base] = table
+        return table
+
+    def shift_k(self, il: int, k: np.ndarray, cells: np.ndarray, delta: int) -> None:
+        """Rotate cached keys by `delta` positions (RoPE is a rotation, so this re-positions them)."""
+        c = self.config
+        rows = np.ascontiguousarray(k[cells])
+        table = self.rope_cache(il, abs(delta) + 1)
+        if delta < 0:
+            table = table.copy()
+            table[:, :, 1] *= -1  # rotation by -delta: sin flips sign
+        pos = np.full(len(cells), abs(delta), np.int32)
+        ops.rope(rows, pos, table, len(cells), c.n_head_kv, c.head_dim, c.rope_dims, self.rope_mode)
+        k[cells] = rows
+
+    # -- forward -----------------------------------------------------------------------------------------
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """Token embeddings [n, n_embd] (ggml_get_rows on token_embd), times the architecture's scale."""
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.config.n_vocab):
+            raise ValueError(f"token id out of range 0..{self.config.n_vocab - 1}")
+        rows = self._tok_embd_raw.reshape(self.config.n_vocab, self._tok_row_bytes)[tokens]
+        x = dequantize(rows, self.tok_embd_type, (len(tokens), self.config.n_embd)).astype(
+            np.float32, copy=False
+        )
+        if self.config.embed_scale != 1.0:
+            x = x * np.float32(self.config.embed_scale)
+        return np.ascontiguousarray(x)
+
+    def forward(self, batch: Batch, kv: KVCache) -> tuple[np.ndarray, np.ndarray]:
+        """Run the batch; returns (logits [n_out, n_vocab], final-normed hidden states [n_out, n_embd])
+        for the tokens with `batch.output` set, in batch order."""
+        x = self.embed(batch.tokens)
+        placed = kv.place(batch)
+        for il in range(self.config.n_layer):
+            x = self.block(il, x, batch, kv, placed)
+        rows = np.flatnonzero(batch.output)
+        h = np.ascontiguousarray(x[rows])
+        out = np.empty_like(h)
+        ops.rms_norm(out, h, self.output_norm, self.config.rms_eps, len(rows), self.config.n_embd)
+        return self.finish_logits(_linear(self.output, out)), out
+
+    def finish_logits(self, logits: np.ndarray) -> np.ndarray:
+        return logits
+
+    def norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        ops.rms_norm(out, x, w, self.config.rms_eps, x.shape[0], x.shape[1])
+        return out
+
+    def block(self, il: int, x: np.ndarray, batch: Batch, kv: KVCache, placed: dict) -> np.ndarray:
+        lw = self.layers[il]
+        x = x + self.attention(il, self.norm(x, lw.attn_norm), batch, kv, placed)
+        assert lw.ffn_norm is not None
+        return x + self.ffn(il, self.norm(x, lw.ffn_norm))
+
+    def qkv(self, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lw, c = self.layers[il], self.config
+        if lw.wqkv is not None:
+            fused = _linear(lw.wqkv, h)
+            nq, nk = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+            q, k, v = fused[:, :nq], fused[:, nq : nq + nk], fused[:, nq + nk :]
+        else:
+            assert lw.wq is not None and lw.wk is not None and lw.wv is not None
+            acts = Activations(h.shape[1], h.shape[0]).set(h) if h.shape[0] <= 8 else h
+            q, k, v = _linear(lw.wq, acts), _linear(lw.wk, acts), _linear(lw.wv, acts)
+        if lw.bq is not None:
+            q = q + lw.bq
+        if lw.bk is not None:
+            k = k + lw.bk
+        if lw.bv is not None:
+            v = v + lw.bv
+        return np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v)
+
+    def attention(self, il: int, h: np.ndarray, batch: Batch, kv: KVCache, placed: dict) -> np.ndarray:
+        lw, c = self.layers[il], self.config
+        n = batch.n
+        q, k, v = self.qkv(il, h)
+        if lw.q_norm is not None:
+            q = self.norm(q.reshape(n * c.n_head, c.head_dim), lw.q_norm).reshape(n, -1)
+        if lw.k_norm is not None:
+            k = self.norm(k.reshape(n * c.n_head_kv, c.head_dim), lw.k_norm).reshape(n, -1)
+        table = self.rope_cache(il, int(batch.pos.max()) + 1)
+        ops.rope(q, batch.pos, table, n, c.n_head, c.head_dim, c.rope_dims, self.rope_mode)
+        ops.rope(k, batch.pos, table, n, c.n_head_kv, c.head_dim, c.rope_dims, self.rope_mode)
+        q = self.scale_q(q)
+        pool = kv.pool(il)
+        cells, ranges = placed[id(pool)]
+        pool.k[il][cells] = k
+        pool.v[il][cells] = v
+        out = np.empty((n, c.n_head * c.head_dim_v), np.float32)
+        ops.attention(
+            out, q, pool.k[il], pool.v[il], ranges.cells, ranges.lo, ranges.hi,
+            n, c.n_head, c.n_head_kv, c.head_dim, self.kq_scale(),
+        )  # fmt: skip
+        o = _linear(lw.wo, out)
+        if lw.bo is not None:
+            o = o + lw.bo
+        if lw.post_attn_norm is not None:
+            o = self.norm(o, lw.post_attn_norm)
+        return o
+
+    def scale_q(self, q: np.ndarray) -> np.ndarray:
+        return q
+
+    def kq_scale(self) -> float:
+        return self.config.attn_scale
+
+    def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
+        lw = self.layers[il]
+        n = h.shape[0]
+        if lw.w_gate is None:  # fused gate+up (phi3): [n, 2 * n_ff]
+            both = _linear(lw.w_up, h)
+            half = both.shape[1] // 2
+            gate, up = both[:, :half], both[:, half:]
+        else:
+            acts = Activations(h.shape[1], n).set(h) if n <= 8 else h
+            gate, up = _linear(lw.w_gate, acts), _linear(lw.w_up, acts)
+        act = np.empty(gate.shape, np.float32)
+        if self.activation == "gelu":
+            ops.geglu(act, gate, up, n, gate.shape[1])
+        else:
+            ops.swiglu(act, np.ascontiguousarray(gate), np.ascontiguousarray(up), n, gate.shape[1])
+        o = _linear(lw.w_down, act)
+        if lw.post_ffn_norm is not None:
+            o = self.norm(o, lw.post_ffn_norm)
+        return o
+
+
+def _linear(m: QuantMatrix, x: np.ndarray | Activations) -> np.ndarray:
+    """y[n, rows] = x[n, cols] @ W.T"""
+    if isinstance(x, Activations):
+        return m.matmul(x)
+    if x.shape[0] == 1:
+        return m.matvec(np.ascontiguousarray(x[0])).reshape(1, -1)
+    return m.matmul(np.ascontiguousarray(x))
+
+
+def _uniform(v: int | tuple[int, ...], what: str) -> int:
+    if isinstance(v, tuple):
+        if len(set(v)) != 1:
+            raise ValueError(f"per-layer {what} values {v} are not supported")
+        return v[0]
+    return v

@@ -1,0 +1,307 @@
+"""The KV cache: one pool of cells shared by every sequence, with per-sequence bookkeeping.
+
+As llama.cpp's unified KV cache: a cell holds one position's keys and values for every layer of its pool,
+the position, and the set of sequences that see it. Copying a prefix to another sequence adds that
+sequence to the cells (no data moves), so a prompt prefix computed for one slot serves every slot.
+Models with sliding-window layers (gemma3) get a second, smaller pool for those layers whose cells
+outside every sequence's window are reclaimed when space runs out (`--swa-full` keeps them all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .batch import Batch
+
+__all__ = ["MAX_SEQUENCES", "CellPool", "KVCache", "KVCacheFullError", "ShiftK"]
+
+# Re-rotates the keys of `cells` in one layer's key array by a position delta: (layer, k, cells, delta).
+ShiftK = Callable[[int, np.ndarray, np.ndarray, int], None]
+
+MAX_SEQUENCES = 64  # sequence sets are uint64 bitmasks
+
+
+class KVCacheFullError(RuntimeError):
+    """No free cells for a batch: the caller must shrink the batch, free sequences or shift context."""
+
+
+@dataclass(slots=True)
+class _Ranges:
+    """Where each token of a batch looks in a pool: token t attends to cells[lo[t]:hi[t]]."""
+
+    cells: np.ndarray  # int32, the concatenated position-sorted cell lists of the batch's sequences
+    lo: np.ndarray  # int32 [n]
+    hi: np.ndarray  # int32 [n]
+
+
+class CellPool:
+    """Cells for a group of layers: keys/values [n_cells, kv_dim] per layer, positions, sequence sets."""
+
+    def __init__(self, n_cells: int, layers: list[int], kv_dim: int, window: int | None) -> None:
+        self.n_cells = n_cells
+        self.layers = layers
+        self.window = window  # None: full attention; else a token at p sees cells with p - pos < window
+        self.k = {il: np.zeros((n_cells, kv_dim), np.float32) for il in layers}
+        self.v = {il: np.zeros((n_cells, kv_dim), np.float32) for il in layers}
+        self.pos = np.full(n_cells, -1, np.int32)
+        self.seqs = np.zeros(n_cells, np.uint64)
+        self._free = list(range(n_cells - 1, -1, -1))  # a stack: lowest index allocated first
+        self._seq_cells: dict[int, np.ndarray] = {}
+
+    # -- queries -----------------------------------------------------------------------------------------
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    def seq_cells(self, seq: int) -> np.ndarray:
+        """The cells of `seq`, sorted by position."""
+        return self._seq_cells.get(seq, _EMPTY)
+
+    def seq_pos_max(self, seq: int) -> int:
+        cells = self.seq_cells(seq)
+        return int(self.pos[cells[-1]]) if len(cells) else -1
+
+    def seq_pos_min(self, seq: int) -> int:
+        cells = self.seq_cells(seq)
+        return int(self.pos[cells[0]]) if len(cells) else -1
+
+    # -- allocation --------------------------------------------------------------------------------------
+
+    def place(self, seq: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Allocate one cell per token (seq[t], pos[t]); returns the cells (int32 [n])."""
+        n = len(seq)
+        if n > len(self._free):
+            self._reclaim_outside_windows()
+        if n > len(self._free):
+            raise KVCacheFullError(f"the KV cache has {len(self._free)} free cells, the batch needs {n}")
+        cells = np.array([self._free.pop() for _ in range(n)], dtype=np.int32)
+        self.pos[cells] = pos
+        self.seqs[cells] = np.left_shift(np.uint64(1), seq.astype(np.uint64))
+        for s in np.unique(seq):
+            new = cells[seq == s]
+            old = self._seq_cells.get(int(s), _EMPTY)
+            merged = np.concatenate([old, new])
+            if len(old) and self.pos[old[-1]] >= self.pos[new[0]]:
+                merged = merged[np.argsort(self.pos[merged], kind="stable")]
+            self._seq_cells[int(s)] = merged
+        return cells
+
+    def ranges(self, seq: np.ndarray, pos: np.ndarray) -> _Ranges:
+        """For each token, the range of the concatenated cell lists it attends to (causal, windowed)."""
+        lists = []
+        offsets: dict[int, int] = {}
+        total = 0
+        for s in np.unique(seq):
+            cells = self._seq_cells.get(int(s), _EMPTY)
+            offsets[int(s)] = total
+            lists.append(cells)
+            total += len(cells)
+        cat = np.concatenate(lists).astype(np.int32) if lists else _EMPTY
+        cat_pos = self.pos[cat]
+        lo = np.empty(len(seq), np.int32)
+        hi = np.empty(len(seq), np.int32)
+        for s, off in offsets.items():
+            mask = seq == s
+            seg = cat_pos[off : off + len(self._seq_cells.get(s, _EMPTY))]
+            p = pos[mask]
+            hi[mask] = off + np.searchsorted(seg, p, side="right")
+            if self.window is None:
+                lo[mask] = off
+            else:
+                lo[mask] = off + np.searchsorted(seg, p - self.window, side="right")
+        return _Ranges(cat, lo, hi)
+
+    # -- sequence operations (llama_memory_seq_* counterparts) -------------------------------------------
+
+    def _release(self, cells: np.ndarray, seq: int) -> None:
+        bit = np.uint64(1) << np.uint64(seq)
+        self.seqs[cells] &= ~bit
+        emptied = cells[self.seqs[cells] == 0]
+        self.pos[emptied] = -1
+        self._free.extend(int(c) for c in emptied[::-1])
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        """Forget positions [p0, p1) of `seq` (p1 < 0: to the end); cells no sequence sees are freed."""
+        cells = self._seq_cells.get(seq)
+        if cells is None:
+            return
+        p = self.pos[cells]
+        hit = (p >= p0) & ((p < p1) if p1 >= 0 else True)
+        self._release(cells[hit], seq)
+        keep = cells[~hit]
+        if len(keep):
+            self._seq_cells[seq] = keep
+        else:
+            del self._seq_cells[seq]
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Let `dst` see positions [p0, p1) of `src` (shares cells; nothing is copied)."""
+        cells = self._seq_cells.get(src, _EMPTY)
+        p = self.pos[cells]
+        hit = cells[(p >= p0) & ((p < p1) if p1 >= 0 else True)]
+        if not len(hit):
+            return
+        self.seqs[hit] |= np.uint64(1) << np.uint64(dst)
+        old = self._seq_cells.get(dst, _EMPTY)
+        merged = np.union1d(old, hit).astype(np.int32)
+        self._seq_cells[dst] = merged[np.argsort(self.pos[merged], kind="stable")]
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int, shift_k: ShiftK) -> None:
+        """Move positions [p0, p1) of `seq` by `delta`, re-rotating their keys (context shift).
+
+        Cells shared with other sequences move for all of them, as in llama.cpp: shift a sequence whose
+        cells are its own. Positions must stay non-negative (remove the discarded range first).
+        """
+        cells = self._seq_cells.get(seq, _EMPTY)
+        p = self.pos[cells]
+        hit = cells[(p >= p0) & ((p < p1) if p1 >= 0 else True)]
+        if not len(hit) or delta == 0:
+            return
+        if int(self.pos[hit].min()) + delta < 0:
+            raise ValueError(f"shifting sequence {seq} by {delta} would make positions negative")
+        for il in self.layers:
+            shift_k(il, self.k[il], hit, delta)
+        self.pos[hit] += delta
+        self._seq_cells[seq] = cells[np.argsort(self.pos[cells], kind="stable")]
+
+    def seq_unshare(self, seq: int) -> None:
+        """Give `seq` private copies of the cells it shares with other sequences (before shifting it)."""
+        cells = self._seq_cells.get(seq, _EMPTY)
+        bit = np.uint64(1) << np.uint64(seq)
+        shared = cells[(self.seqs[cells] & ~bit) != 0]
+        if not len(shared):
+            return
+        if len(shared) > len(self._free):
+            raise KVCacheFullError("no free cells to unshare a sequence before shifting it")
+        fresh = np.array([self._free.pop() for _ in range(len(shared))], dtype=np.int32)
+        for il in self.layers:
+            self.k[il][fresh] = self.k[il][shared]
+            self.v[il][fresh] = self.v[il][shared]
+        self.pos[fresh] = self.pos[shared]
+        self.seqs[fresh] = bit
+        self.seqs[shared] &= ~bit
+        mine = np.concatenate([np.setdiff1d(cells, shared, assume_unique=True), fresh]).astype(np.int32)
+        self._seq_cells[seq] = mine[np.argsort(self.pos[mine], kind="stable")]
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seqs[:] = 0
+        self._free = list(range(self.n_cells - 1, -1, -1))
+        self._seq_cells.clear()
+
+    def _reclaim_outside_windows(self) -> None:
+        """Free cells that no sequence can attend to again (only for windowed pools)."""
+        if self.window is None:
+            return
+        for seq in list(self._seq_cells):
+            # later tokens sit at top + 1 or beyond and see positions > top + 1 - window
+            top = self.seq_pos_max(seq)
+            self.seq_rm(seq, 0, top - self.window + 2)
+
+    def covers(self, seq: int, p: int) -> bool:
+        """Whether this pool still holds what a token at position `p` of `seq` would attend to below p."""
+        if p <= 0:
+            return True
+        cells = self.seq_cells(seq)
+        if not len(cells):
+            return False
+        need_from = 0 if self.window is None else max(0, p - self.window + 1)
+        present = self.pos[cells]
+        present = present[(present >= need_from) & (present < p)]
+        return len(present) == p - need_from
+
+
+_EMPTY = np.zeros(0, np.int32)
+
+
+class KVCache:
+    """The cache of one model: a full-attention pool and, for sliding-window layers, a windowed pool."""
+
+    def __init__(
+        self,
+        n_ctx: int,
+        n_layer: int,
+        kv_dim: int,
+        swa_layers: frozenset[int] = frozenset(),
+        window: int | None = None,
+        n_seq_max: int = 1,
+        n_ubatch: int = 512,
+        swa_full: bool = False,
+    ) -> None:
+        if n_seq_max > MAX_SEQUENCES:
+            raise ValueError(f"at most {MAX_SEQUENCES} sequences share one KV cache, asked for {n_seq_max}")
+        self.n_ctx = n_ctx
+        full_layers = [il for il in range(n_layer) if il not in swa_layers]
+        self.pools: list[CellPool] = []
+        self._pool_of: dict[int, CellPool] = {}
+        if full_layers:
+            self._add_pool(CellPool(n_ctx, full_layers, kv_dim, None))
+        if swa_layers:
+            assert window is not None and window > 0
+            size = n_ctx if swa_full else min(n_ctx, n_seq_max * window + n_ubatch)
+            self._add_pool(CellPool(size, sorted(swa_layers), kv_dim, window))
+
+    def _add_pool(self, pool: CellPool) -> None:
+        self.pools.append(pool)
+        for il in pool.layers:
+            self._pool_of[il] = pool
+
+    def pool(self, layer: int) -> CellPool:
+        return self._pool_of[layer]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for p in self.pools for a in (*p.k.values(), *p.v.values()))
+
+    def n_free(self) -> int:
+        return min(p.n_free for p in self.pools)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return max(p.seq_pos_max(seq) for p in self.pools)
+
+    def place(self, batch: Batch) -> dict[int, tuple[np.ndarray, _Ranges]]:
+        """Allocate cells for every token of the batch in every pool (all or nothing), and compute
+        each token's attention range; keyed by id(pool)."""
+        for p in self.pools:
+            if p.n_free < batch.n:
+                p._reclaim_outside_windows()
+            if p.n_free < batch.n:
+                raise KVCacheFullError(f"the KV cache has {p.n_free} free cells, the batch needs {batch.n}")
+        placed = {}
+        for p in self.pools:
+            cells = p.place(batch.seq, batch.pos)
+            placed[id(p)] = (cells, p.ranges(batch.seq, batch.pos))
+        return placed
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        for p in self.pools:
+            p.seq_rm(seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        for p in self.pools:
+            p.seq_cp(src, dst, p0, p1)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int, shift_k: ShiftK) -> None:
+        for p in self.pools:
+            p.seq_add(seq, p0, p1, delta, shift_k)
+
+    def seq_unshare(self, seq: int) -> None:
+        for p in self.pools:
+            p.seq_unshare(seq)
+
+    def clear(self) -> None:
+        for p in self.pools:
+            p.clear()
+
+    def reusable_prefix(self, seq: int, n_tokens: int) -> int:
+        """How many of the first `n_tokens` positions of `seq` can be kept: every pool must cover them."""
+        n = min(n_tokens, self.seq_pos_max(seq) + 1)
+        while n > 0 and not all(p.covers(seq, n) for p in self.pools):
+            n = 0  # a windowed pool lost the window: recompute from the start, as llama.cpp does
+        return n

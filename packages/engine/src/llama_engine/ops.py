@@ -1,0 +1,293 @@
+"""The non-matmul operations of a transformer forward pass, as ggml computes them on the CPU.
+
+Each numba kernel is a flat function with an out-parameter; its numpy reference with the same signature
+is in `llama_engine.ref`, and tests compare the two. The numerics follow ggml-cpu where it matters for
+parity with llama.cpp: RMS norm accumulates in double (ggml_float), GELU goes through ggml's fp16 lookup
+table (GGML_GELU_FP16), RoPE angles are built by repeated float multiplication as in ggml_rope_cache_init.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.extending import intrinsic
+
+__all__ = [
+    "ROPE_NEOX",
+    "ROPE_NORM",
+    "attention",
+    "geglu",
+    "gelu_table",
+    "rms_norm",
+    "rope",
+    "rope_cache",
+    "swiglu",
+]
+
+ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama
+ROPE_NEOX = 2  # rotate halves (x[i], x[i + n/2]): gemma3, qwen2/3, phi3 (GGML_ROPE_TYPE_NEOX)
+
+
+@numba.njit(cache=True)
+def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float, n: int, d: int) -> None:
+    """out[n, d] = x / sqrt(mean(x^2) + eps) * w[d]   (ggml_rms_norm, then ggml_mul)."""
+    for t in range(n):
+        acc = 0.0  # ggml_float: double accumulation
+        for i in range(d):
+            v = np.float64(x[t, i])
+            acc += v * v
+        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(acc / d) + np.float32(eps)))
+        for i in range(d):
+            out[t, i] = (x[t, i] * scale) * w[i]
+
+
+def rope_cache(n_pos: int, n_dims: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:
+    """cos/sin table [n_pos, n_dims/2, 2] exactly as ggml_rope_cache_init builds it (no YaRN): theta
+    starts at the position and is multiplied by theta_scale = powf(base, -2/n_dims) step by step, in
+    float32; cosf/sinf are the C library's (numba calls them for float32 arguments)."""
+    theta_scale = _powf(np.float32(freq_base), np.float32(-2.0) / np.float32(n_dims))
+    out = np.empty((n_pos, n_dims // 2, 2), np.float32)
+    _rope_cache(out, n_pos, n_dims // 2, np.float32(theta_scale), np.float32(freq_scale))
+    return out
+
+
+def _powf(x: np.float32, y: np.float32) -> np.float32:
+    import ctypes
+    import ctypes.util
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.powf.restype = ctypes.c_float
+    libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+    return np.float32(libm.powf(float(x), float(y)))
+
+
+@numba.njit(cache=True)
+def _rope_cache(
+    out: np.ndarray, n_pos: int, half: int, theta_scale: np.float32, freq_scale: np.float32
+) -> None:
+    for p in range(n_pos):
+        theta = np.float32(p)
+        for i in range(half):
+            t = freq_scale * theta
+            out[p, i, 0] = math.cos(t)
+            out[p, i, 1] = math.sin(t)
+            theta = theta * theta_scale
+
+
+@numba.njit(cache=True)
+def rope(
+    x: np.ndarray,
+    pos: np.ndarray,
+    cache: np.ndarray,
+    n: int,
+    n_head: int,
+    head_dim: int,
+    n_dims: int,
+    mode: int,
+) -> None:
+    """Rotate x[n, n_head * head_dim] in place by each token's position (the first n_dims of each head)."""
+    half = n_dims // 2
+    for t in range(n):
+        p = pos[t]
+        for h in range(n_head):
+            base = h * head_dim
+            for i in range(half):
+                c = cache[p, i, 0]
+                s = cache[p, i, 1]
+                if mode == ROPE_NEOX:
+                    a = base + i
+                    b = base + i + half
+                else:
+                    a = base + 2 * i
+                    b = a + 1
+                x0 = x[t, a]
+                x1 = x[t, b]
+                x[t, a] = x0 * c - x1 * s
+                x[t, b] = x0 * s + x1 * c
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "nsz"})
+def _dot_f32_f64(a: np.ndarray, ao: int, b: np.ndarray, bo: int, n: int) -> np.float32:
+    """ggml_vec_dot_f32 without SIMD: float products summed in double. (Summed here in any order:
+    a double sum of 64-256 float products rounds to the same float in all but ~1e-7 of cases.)"""
+    acc = 0.0
+    for d in range(n):
+        acc += np.float64(a[ao + d] * b[bo + d])
+    return np.float32(acc)
+
+
+def attention(
+    out: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    cells: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    n: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    scale: float,
+) -> None:
+    """Softmax attention of each token over a range of KV cells, with ggml's CPU numerics.
+
+    out, q: [n, n_head * head_dim]; k, v: [n_cells, n_head_kv * head_dim] (one layer of the cache);
+    token t attends to cells[lo[t]:hi[t]] (position order). Grouped-query heads share a KV head.
+    As ggml_mul_mat(k, q) -> ggml_soft_max_ext -> ggml_mul_mat(v, kq): KQ dots in double, scaled in
+    float; softmax through ggml_v_expf (SSE2) four at a time with the SSE2 horizontal sum, in double;
+    KQV sums in double over the cells in order. Few tokens run on one thread: starting the thread pool
+    costs more than a decode step's attention.
+    """
+    kernel = _attention_parallel if n >= 4 else _attention_serial
+    kernel(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, np.float32(scale))
+
+
+@numba.njit(cache=True)
+def _attend(out, q, k, v, cells, lo, hi, t, h, n_head, n_head_kv, head_dim, sc):  # type: ignore[no-untyped-def]
+    """One token, one head: see `attention`."""
+    kh = h // (n_head // n_head_kv)
+    qo = h * head_dim
+    ko = kh * head_dim
+    length = hi[t] - lo[t]
+    padded = (length + 3) // 4 * 4
+    w = np.zeros(padded, np.float32)
+    mx = np.float32(-np.inf)
+    for j in range(length):
+        s = _dot_f32_f64(k[cells[lo[t] + j]], ko, q[t], qo, head_dim) * sc
+        w[j] = s
+        if s > mx:
+            mx = s
+    total = 0.0
+    for g in range(0, padded, 4):
+        e0 = _expf_sse2(w[g] - mx) if g < length else np.float32(0.0)
+        e1 = _expf_sse2(w[g + 1] - mx) if g + 1 < length else np.float32(0.0)
+        e2 = _expf_sse2(w[g + 2] - mx) if g + 2 < length else np.float32(0.0)
+        e3 = _expf_sse2(w[g + 3] - mx) if g + 3 < length else np.float32(0.0)
+        w[g], w[g + 1], w[g + 2], w[g + 3] = e0, e1, e2, e3
+        total += np.float64((e0 + e1) + (e2 + e3))
+    inv = np.float32(1.0 / total)
+    acc = np.zeros(head_dim, np.float64)
+    for j in range(length):
+        p = w[j] * inv
+        row = v[cells[lo[t] + j]]
+        for d in range(head_dim):
+            acc[d] += np.float64(row[ko + d] * p)
+    for d in range(head_dim):
+        out[t, qo + d] = np.float32(acc[d])
+
+
+@numba.njit(cache=True)
+def _attention_serial(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc):  # type: ignore[no-untyped-def]
+    for th in range(n * n_head):
+        _attend(out, q, k, v, cells, lo, hi, th // n_head, th % n_head, n_head, n_head_kv, head_dim, sc)
+
+
+@numba.njit(cache=True, parallel=True)
+def _attention_parallel(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc):  # type: ignore[no-untyped-def]
+    for th in prange(n * n_head):
+        _attend(out, q, k, v, cells, lo, hi, th // n_head, th % n_head, n_head, n_head_kv, head_dim, sc)
+
+
+@intrinsic
+def _f32_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """Reinterpret a float32 as uint32 (a register bitcast, no memory)."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, u):  # type: ignore[no-untyped-def]
+    """Reinterpret a uint32 as float32."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+# The constants of ggml_v_expf, written as ggml writes them (hex floats).
+_R = np.float32(float.fromhex("0x1.8p23"))
+_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_P0 = np.float32(float.fromhex("0x1.0e4020p-7"))
+_P1 = np.float32(float.fromhex("0x1.573e2ep-5"))
+_P2 = np.float32(float.fromhex("0x1.555e66p-3"))
+_P3 = np.float32(float.fromhex("0x1.fffdb6p-2"))
+_P4 = np.float32(float.fromhex("0x1.ffffecp-1"))
+
+
+@numba.njit(cache=True)
+def _expf_sse2(x: np.float32) -> np.float32:
+    """One lane of ggml_v_expf for SSE2 without FMA (vec.h): multiply and add round separately."""
+    r = _R
+    z = x * _LOG2E + r
+    nn = z - r
+    b = x - nn * _LN2_HI
+    b = b - nn * _LN2_LO
+    e = np.uint32(_f32_bits(z) << np.uint32(23))  # type: ignore[call-arg]
+    kk = _bits_f32(np.uint32(e + np.uint32(0x3F800000)))  # type: ignore[call-arg]
+    u = b * b
+    j = ((_P0 * b + _P1) * u + (_P2 * b + _P3)) * u + _P4 * b
+    an = abs(nn)
+    if not an > np.float32(126.0):
+        return j * kk + kk
+    g = np.uint32(0x82000000) if nn <= np.float32(0.0) else np.uint32(0)
+    s1 = _bits_f32(np.uint32(g + np.uint32(0x7F000000)))  # type: ignore[call-arg]
+    s2 = _bits_f32(np.uint32(e - g))  # type: ignore[call-arg]
+    if an > np.float32(192.0):
+        return s1 * s1
+    return (s2 * j + s2) * s1
+
+
+@numba.njit(cache=True)
+def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
+    """out = silu(gate) * up as ggml_vec_swiglu_f32: the SSE2 ggml_v_silu on groups of four, the
+    scalar x / (1 + expf(-x)) on the remainder."""
+    simd = d - d % 4
+    one = np.float32(1.0)
+    for t in range(n):
+        for i in range(d):
+            g = gate[t, i]
+            if i < simd:
+                s = g / (one + _expf_sse2(np.float32(0.0) - g))
+            else:
+                s = g / (one + np.float32(math.exp(-g)))
+            out[t, i] = s * up[t, i]
+
+
+def _build_gelu_table() -> np.ndarray:
+    # ggml_table_gelu_f16[i] = fp16(gelu_f32(fp32(fp16 bits i))), computed in float32 as ggml does.
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    a = np.float32(0.044715)
+    s = np.float32(0.79788456080286535587989211986876)
+    with np.errstate(all="ignore"):
+        inner = s * x * (np.float32(1.0) + a * x * x)
+        y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner.astype(np.float64)).astype(np.float32))
+    return y.astype(np.float16).astype(np.float32)
+
+
+_GELU_TABLE = _build_gelu_table()
+
+
+def gelu_table() -> np.ndarray:
+    """The 65,536-entry GELU table indexed by fp16 bit patterns (read-only)."""
+    return _GELU_TABLE
+
+
+def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
+    """out = gelu(gate) * up with ggml's fp16-table GELU (ggml_vec_geglu_f32 under GGML_GELU_FP16)."""
+    g = gate[:n, :d]
+    looked_up = _GELU_TABLE[g.astype(np.float16).view(np.uint16)]
+    looked_up = np.where(g <= -10.0, np.float32(0.0), np.where(g >= 10.0, g, looked_up))
+    np.multiply(looked_up, up[:n, :d], out=out[:n, :d])

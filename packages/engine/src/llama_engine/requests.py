@@ -1,0 +1,95 @@
+"""What crosses the engine's seam: typed requests in, typed events out. No JSON, no dicts per token."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from .sampling import SamplingParams
+
+__all__ = [
+    "EmbeddingRequest",
+    "FinalEvent",
+    "GenerationRequest",
+    "Pooling",
+    "StopReason",
+    "Timings",
+    "TokenEvent",
+    "Usage",
+]
+
+
+class StopReason(enum.IntEnum):
+    """Why a generation ended (the server maps these to its own strings)."""
+
+    EOS = 0  # an end-of-generation token
+    LENGTH = 1  # max tokens, or the slot's context is full
+    STOP_WORD = 2  # a stop string matched
+    CANCELLED = 3  # the caller cancelled (or disconnected)
+    ERROR = 4  # the request could not be served: see FinalEvent.error
+
+
+class Pooling(enum.IntEnum):
+    NONE = 0
+    MEAN = 1
+    CLS = 2
+    LAST = 3
+
+
+class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One completion: prompt token ids, sampling, and the conditions that end it."""
+
+    prompt: list[int]
+    max_tokens: int = -1  # -1: until end-of-generation or the context is full
+    sampling: SamplingParams = SamplingParams()
+    stop: list[str] = []
+    cache_prompt: bool = True  # reuse a cached prefix (this slot's or another's)
+    slot: int = -1  # -1: the scheduler picks
+    n_keep: int = 0  # tokens kept at the start when the context shifts
+    context_shift: bool = False  # shift (drop half after n_keep) instead of stopping when the context is full
+    post_sampling_probs: bool = False  # n_probs after the sampler chain instead of over the raw logits
+
+
+class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    prompt: list[int]
+    pooling: Pooling = Pooling.MEAN
+    normalize: int = 2  # -1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm (llama.cpp's embd_normalize)
+
+
+class Usage(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class Timings(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """llama.cpp's `timings`: prompt processing and generation, in milliseconds."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    cache_n: int
+
+
+class TokenEvent(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """One generated token: its id, the text it completes (may be empty while UTF-8 or a possible stop
+    string is held back), and the top probabilities when asked for."""
+
+    token: int
+    text: str
+    prob: float = 0.0
+    top: list[tuple[int, float]] = []
+
+
+class FinalEvent(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
+    """The last event of a request."""
+
+    reason: StopReason
+    usage: Usage
+    timings: Timings
+    text: str = ""  # text held back until the end (flushed UTF-8, a partial stop-string prefix)
+    stop_word: str = ""
+    error: str = ""
+    slot: int = -1
