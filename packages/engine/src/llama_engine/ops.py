@@ -38,8 +38,7 @@ def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float, n: int, 
     for t in range(n):
         acc = 0.0  # ggml_float: double accumulation
         for i in range(d):
-            v = np.float64(x[t, i])
-            acc += v * v
+            acc += np.float64(x[t, i] * x[t, i])  # the square in float, the sum in double
         scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(acc / d) + np.float32(eps)))
         for i in range(d):
             out[t, i] = (x[t, i] * scale) * w[i]

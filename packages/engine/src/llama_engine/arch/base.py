@@ -20,7 +20,8 @@ import numpy as np
 
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
 from llama_quant import dequantize
-from llama_quant.kernels import Activations, QuantMatrix
+from llama_quant.kernels.exact import Activations
+from llama_quant.kernels.exact import ExactMatrix as QuantMatrix
 
 from .. import ops
 from ..batch import Batch
@@ -117,8 +118,9 @@ class DecoderModel:
         self._tok_row_bytes = self._tok_embd_raw.nbytes // self.config.n_vocab
         self.layers = [self.load_layer(il) for il in range(self.config.n_layer)]
         self.output_norm = self.vec("output_norm.weight")
-        self.output = self.matrix("output.weight") or self.matrix("token_embd.weight")
-        assert self.output is not None
+        output = self.matrix("output.weight") or self.matrix("token_embd.weight")  # tied when absent
+        assert output is not None
+        self.output: QuantMatrix = output
         self._rope: dict[float, np.ndarray] = {}
         self._release_pages()
 
@@ -302,7 +304,7 @@ class DecoderModel:
             q, k, v = fused[:, :nq], fused[:, nq : nq + nk], fused[:, nq + nk :]
         else:
             assert lw.wq is not None and lw.wk is not None and lw.wv is not None
-            acts = Activations(h.shape[1], h.shape[0]).set(h) if h.shape[0] <= 8 else h
+            acts = Activations(h.shape[1], h.shape[0]).set(h)  # quantized once for three matrices
             q, k, v = _linear(lw.wq, acts), _linear(lw.wk, acts), _linear(lw.wv, acts)
         if lw.bq is not None:
             q = q + lw.bq
@@ -354,7 +356,7 @@ class DecoderModel:
             half = both.shape[1] // 2
             gate, up = both[:, :half], both[:, half:]
         else:
-            acts = Activations(h.shape[1], n).set(h) if n <= 8 else h
+            acts = Activations(h.shape[1], n).set(h)
             gate, up = _linear(lw.w_gate, acts), _linear(lw.w_up, acts)
         act = np.empty(gate.shape, np.float32)
         if self.activation == "gelu":

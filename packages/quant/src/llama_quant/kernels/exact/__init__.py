@@ -1,0 +1,27 @@
+"""Products of ggml weight matrices with f32 activations, bit-identical to llama.cpp's CPU backend.
+
+``ExactMatrix(raw, qtype, rows, cols)`` once per weight, then ``matvec`` / ``matmul``; the activations are
+quantized exactly as ggml does (Q8_0, Q8_1, Q8_K, F16, BF16 per weight type) and every output element is
+ggml's generic ``vec_dot`` with its float operations in its order. ``Activations`` (or
+``ExactMatrix.quantize_input``) converts an input once for several matrices. ``warmup()`` compiles (or loads
+from numba's cache) every kernel. Plain-numpy references live in ``llama_quant.kernels.exact.ref``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .matrix import SUPPORTED_TYPES, Activations, ExactMatrix
+
+__all__ = ["SUPPORTED_TYPES", "Activations", "ExactMatrix", "warmup"]
+
+
+def warmup() -> None:
+    """Compile every kernel: one small matvec and matmul per supported type."""
+    from .matrix import _SPECS
+
+    for qtype, spec in _SPECS.items():
+        rows, cols = 64, 256
+        m = ExactMatrix(np.zeros(rows * cols // spec.block * spec.block_bytes, np.uint8), qtype, rows, cols)
+        m.matvec(np.ones(cols, np.float32))
+        m.matmul(np.ones((3, cols), np.float32))

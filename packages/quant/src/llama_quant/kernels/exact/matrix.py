@@ -1,0 +1,258 @@
+"""ExactMatrix: one weight matrix in a ggml type whose products with f32 activations equal llama.cpp's CPU
+results bit for bit (ggml's generic C kernels: the activations quantized to the type's vec_dot type with the
+reference quantizer, then one ``vec_dot`` per output element).
+
+A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
+vec_dot per element), so results do not depend on how tokens are batched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from . import act, blocks32, floats, kquants
+from .ref import vec_dot_type
+
+if TYPE_CHECKING:
+    import gguf_io
+
+__all__ = ["SUPPORTED_TYPES", "Activations", "ExactMatrix"]
+
+
+class Activations:
+    """A batch ``x[n, cols]`` of f32 activations and its vec_dot-type conversions, each made on first use.
+
+    Pass the same ``Activations`` to every matrix that multiplies the same input (q/k/v, gate/up): the input
+    is quantized once per format, not once per matrix. Buffers are allocated for ``max_tokens`` rows once;
+    ``set`` never allocates. Formats: "q8" (Q8_0 and Q8_1 together), "q8k", "f16", "bf16", "f32".
+    """
+
+    def __init__(self, cols: int, max_tokens: int = 1) -> None:
+        self.cols = cols
+        self.max_tokens = max_tokens
+        self.n = 0
+        self.x = np.zeros((max_tokens, cols), np.float32)
+        self._x0 = self.x[0]
+        self._bufs: dict[str, tuple[np.ndarray, ...]] = {}
+        self._have: set[str] = set()
+
+    def set(self, x: np.ndarray) -> Activations:
+        """Load ``x`` ([cols] or [n, cols], n <= max_tokens) and forget earlier conversions."""
+        if x.ndim == 1:
+            np.copyto(self._x0, x)
+            self.n = 1
+        else:
+            n = x.shape[0]
+            if n > self.max_tokens:
+                raise ValueError(f"{n} tokens > max_tokens={self.max_tokens}")
+            self.x[:n] = x
+            self.n = n
+        self._have.clear()
+        return self
+
+    def converted(self, fmt: str) -> tuple[np.ndarray, ...]:
+        """The whole ``max_tokens`` buffers of format ``fmt`` (valid for the first ``n`` rows):
+        q8: (xq int8 [., cols], xd f32 fp16(d) [., cols/32], xs f32 fp16(s) [., cols/32], xsum int32 [., cols/16]);
+        q8k: (xq, xd f32 [., cols/256], xsum int32 [., cols/16]); f16 / bf16 / f32: (x f32 [., cols],)."""
+        if fmt in self._have:
+            return self._bufs[fmt]
+        if fmt == "f32":
+            return (self.x,)
+        m, c, n = self.max_tokens, self.cols, self.n
+        bufs = self._bufs.get(fmt)
+        if bufs is None:
+            if fmt == "q8":
+                bufs = (
+                    np.zeros((m, c), np.int8),
+                    np.zeros((m, c // 32), np.float32),
+                    np.zeros((m, c // 32), np.float32),
+                    np.zeros((m, c // 16), np.int32),
+                )
+            elif fmt == "q8k":
+                bufs = (
+                    np.zeros((m, c), np.int8),
+                    np.zeros((m, c // 256), np.float32),
+                    np.zeros((m, c // 16), np.int32),
+                )
+            else:
+                bufs = (np.zeros((m, c), np.float32),)
+            self._bufs[fmt] = bufs
+        if fmt == "q8":
+            act.quantize_q8(bufs[0], bufs[1], bufs[2], bufs[3], self.x, n, c)
+        elif fmt == "q8k":
+            act.quantize_q8_k(bufs[0], bufs[1], bufs[2], self.x, n, c)
+        elif fmt == "f16":
+            act.quantize_f16(bufs[0], self.x, n, c)
+        else:
+            act.quantize_bf16(bufs[0], self.x, n, c)
+        self._have.add(fmt)
+        return bufs
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    block: int  # values per block (1 for floats)
+    block_bytes: int
+    fmt: str  # Activations format
+    pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]]
+    run: Callable[..., None]  # (arrays, out, acts tuple, n, rows, nb)
+
+
+def _b32(name: str, run: Callable[..., None]) -> _Spec:
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", lambda raw, r, c: blocks32.pack(name, raw, r, c), run)
+
+
+def _k(qtype: T, bb: int) -> _Spec:
+    pk = lambda raw, r, c: kquants.pack(qtype, raw, r, c)  # noqa: E731
+    kind = kquants.KIND[qtype]
+    if qtype == T.Q4_K:
+        return _Spec(
+            256,
+            bb,
+            "q8k",
+            pk,
+            lambda a, o, x, n, r, nb: kquants.mv_q4k(
+                o, a[0], a[1], a[2], a[3], a[4], x[0], x[1], x[2], n, r, nb
+            ),
+        )
+    return _Spec(
+        256,
+        bb,
+        "q8k",
+        pk,
+        lambda a, o, x, n, r, nb: kquants.mv_k8(
+            o, a[0], a[1], a[2], a[3], a[4], x[0], x[1], x[2], n, r, nb, kind
+        ),
+    )
+
+
+def _f(qtype: T, bb: int, fmt: str) -> _Spec:
+    return _Spec(
+        1,
+        bb,
+        fmt,
+        lambda raw, r, c: floats.pack(qtype, raw, r, c),
+        lambda a, o, x, n, r, nb: floats.mv_float(o, a[0], x[0], n, r, nb),
+    )
+
+
+# fmt: off
+_SPECS: dict[T, _Spec] = {
+    T.Q4_0: _b32("Q4_0", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False)),
+    T.Q4_1: _b32("Q4_1", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True)),
+    T.Q5_0: _b32("Q5_0", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False)),
+    T.Q5_1: _b32("Q5_1", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True)),
+    T.Q8_0: _b32("Q8_0", lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)),
+    T.Q2_K: _k(T.Q2_K, 84),
+    T.Q3_K: _k(T.Q3_K, 110),
+    T.Q4_K: _k(T.Q4_K, 144),
+    T.Q5_K: _k(T.Q5_K, 176),
+    T.Q6_K: _k(T.Q6_K, 210),
+    T.F16: _f(T.F16, 2, "f16"),
+    T.BF16: _f(T.BF16, 2, "bf16"),
+    T.F32: _f(T.F32, 4, "f32"),
+}
+# fmt: on
+
+SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
+
+
+class ExactMatrix:
+    """A weight matrix ``W[rows, cols]`` in ggml type ``qtype`` whose products equal llama.cpp's bit for bit.
+
+    ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy view
+    of the GGUF mmap is fine). It is repacked at construction into tiles of 64 rows and not referenced
+    afterwards (Q4_K, Q4_*/Q5_*/Q8_0 keep about the raw size; Q2_K/Q3_K/Q5_K/Q6_K widen quants to int8,
+    F16/BF16 to f32).
+    """
+
+    def __init__(self, raw: np.ndarray, qtype: T | int, rows: int, cols: int) -> None:
+        self.qtype = T(qtype)
+        if self.qtype not in _SPECS:
+            raise ValueError(f"no exact kernel for {self.qtype.name}")
+        spec = _SPECS[self.qtype]
+        if cols % spec.block:
+            raise ValueError(f"{self.qtype.name} needs cols divisible by {spec.block}, got {cols}")
+        flat = np.asarray(raw).reshape(-1).view(np.uint8)
+        if flat.size != rows * cols // spec.block * spec.block_bytes:
+            raise ValueError(f"{flat.size} bytes do not hold a {rows}x{cols} {self.qtype.name} matrix")
+        self.rows, self.cols = rows, cols
+        self.vec_dot_type = vec_dot_type(self.qtype)
+        self._spec = spec
+        self._nb = cols // spec.block
+        self._arrays = spec.pack(flat.reshape(rows, -1), rows, cols)
+        self._acts: Activations | None = None
+        self._acts1 = Activations(cols, 1)  # matvec's own input buffers
+
+    @classmethod
+    def from_gguf(cls, f: gguf_io.GGUFFile, name: str) -> ExactMatrix:
+        """The 2-D tensor ``name`` of an open GGUF file (ggml shape (cols, rows): ne0 is the row length)."""
+        info = f.tensors[name]
+        return cls(f.tensor_bytes(name), info.ggml_type, math.prod(info.shape[1:]), info.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the repacked weights."""
+        return sum(a.nbytes for a in self._arrays)
+
+    @property
+    def activation_format(self) -> str:
+        """The ``Activations`` format this matrix reads ("q8", "q8k", "f16", "bf16" or "f32")."""
+        return self._spec.fmt
+
+    def quantize_input(self, x: np.ndarray) -> Activations:
+        """``x`` ([cols] or [n, cols]) converted once to this matrix's vec_dot type, for reuse by every matrix
+        with the same input (any matrix accepts it; other formats are converted on first use)."""
+        x = np.asarray(x, np.float32)
+        acts = Activations(self.cols, 1 if x.ndim == 1 else x.shape[0]).set(x)
+        acts.converted(self._spec.fmt)
+        return acts
+
+    def matvec(self, x: np.ndarray | Activations, out: np.ndarray | None = None) -> np.ndarray:
+        """y[rows] = W @ x for x: [cols] f32 (or a one-token ``Activations``); writes ``out`` if given."""
+        if out is None:
+            out = np.empty(self.rows, np.float32)
+        elif out.shape != (self.rows,) or out.dtype != np.float32:
+            raise ValueError(f"out must be float32 [{self.rows}], got {out.dtype} {out.shape}")
+        if isinstance(x, Activations):
+            acts = x
+            self._check_acts(acts)
+        else:
+            acts = self._acts1.set(np.asarray(x, np.float32).reshape(self.cols))
+        self._spec.run(
+            self._arrays, out.reshape(1, self.rows), acts.converted(self._spec.fmt), 1, self.rows, self._nb
+        )
+        return out
+
+    def matmul(self, x: np.ndarray | Activations, out: np.ndarray | None = None) -> np.ndarray:
+        """Y[n, rows] = X[n, cols] @ W.T for X f32 (or an ``Activations``); writes ``out`` if given."""
+        if isinstance(x, Activations):
+            acts = x
+            self._check_acts(acts)
+        else:
+            xf = np.asarray(x, np.float32).reshape(-1, self.cols)
+            acts = self._own_activations(xf)
+        n = acts.n
+        if out is None:
+            out = np.empty((n, self.rows), np.float32)
+        elif out.shape != (n, self.rows) or out.dtype != np.float32:
+            raise ValueError(f"out must be float32 [{n}, {self.rows}], got {out.dtype} {out.shape}")
+        self._spec.run(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
+        return out
+
+    def _check_acts(self, acts: Activations) -> None:
+        # the kernels do not bounds-check: a narrower input would be read past its end
+        if acts.cols != self.cols or acts.n < 1:
+            raise ValueError(f"activations of {acts.n}x{acts.cols} for a matrix of {self.cols} columns")
+
+    def _own_activations(self, xf: np.ndarray) -> Activations:
+        n = xf.shape[0]
+        if self._acts is None or self._acts.max_tokens < n:
+            self._acts = Activations(self.cols, max(n, 1))
+        return self._acts.set(xf)

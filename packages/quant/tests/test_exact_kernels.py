@@ -1,0 +1,139 @@
+"""The exact kernels against their numpy references (bit for bit), matmul against matvec, and a loose
+float64 sanity check. No llama.cpp needed; the parity tests live in test_exact_parity.py."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from exact_cases import ACT_KINDS, TYPES, make_acts, weights
+from gguf import GGMLQuantizationType as T
+
+import llama_quant
+from llama_quant.kernels.exact import Activations, ExactMatrix, ref
+from llama_quant.kernels.exact import act as _act
+from llama_quant.kernels.exact.matrix import _SPECS
+
+act: Any = _act  # numba dispatchers: mypy cannot see their signatures
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ACT_KINDS)
+def test_activation_quantizers_match_reference(kind: str) -> None:
+    n, cols = 3, 768
+    x = make_acts(kind, n, cols)
+    for fn, rfn, shapes in (
+        (
+            act.quantize_q8,
+            ref.quantize_q8,
+            [(cols, np.int8), (cols // 32, np.float32), (cols // 32, np.float32), (cols // 16, np.int32)],
+        ),
+        (
+            act.quantize_q8_k,
+            ref.quantize_q8_k,
+            [(cols, np.int8), (cols // 256, np.float32), (cols // 16, np.int32)],
+        ),
+        (act.quantize_f16, ref.quantize_f16, [(cols, np.float32)]),
+        (act.quantize_bf16, ref.quantize_bf16, [(cols, np.float32)]),
+    ):
+        got = [np.zeros((n, c), dt) for c, dt in shapes]
+        want = [np.zeros((n, c), dt) for c, dt in shapes]
+        fn(*got, x, n, cols)
+        cast(Any, rfn)(*want, x, n, cols)
+        for g, w in zip(got, want, strict=True):
+            assert _same(g, w), str(fn)
+
+
+def test_f16_round_matches_numpy() -> None:
+    rng = np.random.default_rng(3)
+    v = np.concatenate(
+        [
+            rng.standard_normal(20000).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 6, 20000),
+            np.array(
+                [
+                    0.0,
+                    -0.0,
+                    65504.0,
+                    65519.996,
+                    65520.0,
+                    1e9,
+                    6.1035156e-05,
+                    5.9604645e-08,
+                    2.9802322e-08,
+                    2.9802326e-08,
+                    1.0 + 2.0**-11,
+                    1.0 + 3 * 2.0**-11,
+                ],
+                np.float32,
+            ),
+        ]
+    ).astype(np.float32)
+    got = np.array([act.f16_round(np.float32(a)) for a in v], np.float32)
+    with np.errstate(over="ignore"):
+        want = v.astype(np.float16).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("kind", ["normal", "outliers", "zeros", "ties"])
+def test_kernel_matches_reference(qtype: T, kind: str) -> None:
+    rows, cols = 70, 512  # a partial last tile
+    raw = weights(qtype, rows, cols, seed=int(qtype))
+    m = ExactMatrix(raw, qtype, rows, cols)
+    x = make_acts(kind, 5, cols, seed=int(qtype))
+    want = np.empty((5, rows), np.float32)
+    ref.matmul(want, raw, qtype, rows, cols, x)
+    assert _same(m.matmul(x), want)
+    for t in range(5):
+        assert _same(m.matvec(x[t]), want[t])
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_batch_invariance_and_shared_activations(qtype: T) -> None:
+    rows, cols = 130, 768
+    raw = weights(qtype, rows, cols, seed=1)
+    m = ExactMatrix(raw, qtype, rows, cols)
+    x = make_acts("mixed", 9, cols, seed=2)
+    full = m.matmul(x)
+    for a, b in ((0, 1), (1, 4), (4, 9)):
+        assert _same(m.matmul(x[a:b]), full[a:b])
+    acts = m.quantize_input(x)
+    assert _same(m.matmul(acts), full)
+    other = ExactMatrix(weights(T.Q8_0, 64, cols, seed=5), T.Q8_0, 64, cols)
+    assert _same(other.matmul(acts), other.matmul(x))  # a matrix of another type converts on first use
+    one = Activations(cols, 4).set(x[3])
+    out = np.empty(rows, np.float32)
+    assert m.matvec(one, out) is out
+    assert _same(out, full[3])
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_close_to_float64_product(qtype: T) -> None:
+    rows, cols = 64, 1024
+    raw = weights(qtype, rows, cols, seed=0)
+    w = llama_quant.dequantize(raw, qtype, (rows, cols)).astype(np.float64)
+    x = make_acts("normal", 3, cols)
+    y = ExactMatrix(raw, qtype, rows, cols).matmul(x)
+    exact = x.astype(np.float64) @ w.T
+    # activations are quantized (8 bits: about 1% of each value; f16 / bf16 rounding; f32 none)
+    rel = {T.F32: 1e-6, T.F16: 2e-3, T.BF16: 1e-2}.get(qtype, 4e-2)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w).T
+    assert np.all(np.abs(y - exact) <= rel * scale + 1e-6)
+
+
+def test_errors() -> None:
+    with pytest.raises(ValueError, match="bytes"):
+        ExactMatrix(np.zeros(10, np.uint8), T.Q4_0, 4, 32)
+    with pytest.raises(ValueError, match="divisible"):
+        ExactMatrix(np.zeros(10, np.uint8), T.Q4_K, 4, 32)
+    with pytest.raises(ValueError, match="no exact kernel"):
+        ExactMatrix(np.zeros(10, np.uint8), T.IQ4_NL, 4, 32)
+    m = ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32)
+    with pytest.raises(ValueError, match="columns"):
+        m.matmul(Activations(64, 1).set(np.zeros(64, np.float32)))
+    assert m.nbytes > 0 and m.activation_format == "q8" and m.vec_dot_type == T.Q8_0
+    assert set(_SPECS) == set(TYPES)
