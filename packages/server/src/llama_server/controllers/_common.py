@@ -1,0 +1,103 @@
+"""Helpers shared by the controllers: the server state, bodies, generation settings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from litestar import Request, Response
+
+from llama_engine import GenerationRequest
+
+from ..params import decode_body
+from ..sse import encode
+from ..state import BUILD_INFO, ServerState
+
+__all__ = ["BUILD_INFO", "generation_settings", "json_response", "now", "read_body", "server_state"]
+
+JSON = "application/json; charset=utf-8"
+
+
+def server_state(request: Request[Any, Any, Any]) -> ServerState:
+    return request.app.state.server
+
+
+async def read_body(request: Request[Any, Any, Any], cls: type[Any]) -> Any:
+    """The JSON body decoded into `cls` (every problem is a 400; a body over the size limit a 413)."""
+    return decode_body(await request.body(), cls)
+
+
+def json_response(obj: Any, status: int = 200) -> Response[bytes]:
+    return Response(encode(obj), status_code=status, media_type=JSON)
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def generation_settings(
+    req: GenerationRequest, stream: bool, full: bool = True, eog_ids: Iterable[int] = ()
+) -> dict[str, Any]:
+    """llama.cpp's `generation_settings` (endpoints.md §3.1); the reduced form omits the list fields.
+    `ignore_eos` shows as a -inf bias (serialised as null) on every end-of-generation token, as llama.cpp."""
+    s = req.sampling
+    bias = [{"bias": b, "token": t} for t, b in s.logit_bias]
+    if s.ignore_eos:
+        bias += [{"bias": float("-inf"), "token": t} for t in sorted(eog_ids)]
+    out: dict[str, Any] = {
+        "seed": s.seed,
+        "temperature": s.temperature,
+        "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": s.top_n_sigma,
+        "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold,
+        "typical_p": s.typical_p,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": s.dry_multiplier,
+        "dry_base": s.dry_base,
+        "dry_allowed_length": s.dry_allowed_length,
+        "dry_penalty_last_n": s.dry_penalty_last_n,
+        "dry_sequence_breakers": list(s.dry_sequence_breakers),
+        "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau,
+        "mirostat_eta": s.mirostat_eta,
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
+        "stop": list(req.stop),
+        "max_tokens": req.max_tokens,
+        "n_predict": req.max_tokens,
+        "n_keep": req.n_keep,
+        "n_discard": 0,
+        "ignore_eos": s.ignore_eos,
+        "stream": stream,
+        "logit_bias": bias,
+        "n_probs": s.n_probs,
+        "min_keep": s.min_keep,
+        "grammar": "",
+        "grammar_lazy": False,
+        "grammar_triggers": [],
+        "preserved_tokens": [],
+        "chat_format": "Content-only",
+        "reasoning_format": "none",
+        "reasoning_in_content": False,
+        "generation_prompt": "",
+        "samplers": list(s.samplers),
+        "speculative.types": "none",
+        "timings_per_token": False,
+        "post_sampling_probs": req.post_sampling_probs,
+        "backend_sampling": False,
+        "lora": [],
+    }
+    if not full:
+        for key in ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy", "grammar_triggers",
+                    "preserved_tokens"):  # fmt: skip
+            del out[key]
+    return out

@@ -1,0 +1,135 @@
+"""POST /v1/embeddings (OpenAI) and /embedding, /embeddings (native), with --embeddings."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import msgspec
+import numpy as np
+from litestar import Controller, Request, Response, post
+
+from llama_engine import EmbeddingRequest, Pooling
+
+from ..errors import ApiError
+from ..prompts import tokenize_prompts
+from ._common import json_response, read_body, server_state
+
+__all__ = ["EmbeddingsController"]
+
+
+class EmbeddingBody(msgspec.Struct, kw_only=True):
+    input: Any = None
+    content: Any = None
+    encoding_format: str | None = None
+    embd_normalize: int | None = msgspec.field(default=None)
+    model: str | None = None
+
+
+def _flatten_content(item: Any) -> Any:
+    """`{"content": [parts]}` inputs become their text parts joined without separator."""
+    if isinstance(item, dict) and "content" in item:
+        parts = item["content"]
+        if isinstance(parts, str):
+            return parts
+        if not isinstance(parts, list):
+            raise ApiError("content must be a string or an array of parts")
+        texts = []
+        for p in parts:
+            if not isinstance(p, dict) or p.get("type") not in (
+                "text",
+                "image_url",
+                "input_audio",
+                "input_video",
+            ):
+                raise ApiError("unsupported content[].type")
+            if p["type"] != "text":
+                raise ApiError("media input is not supported by this model")
+            if not isinstance(p.get("text"), str):
+                raise ApiError("text parts need a 'text' string")
+            texts.append(p["text"])
+        return "".join(texts)
+    return item
+
+
+class EmbeddingsController(Controller):
+    async def _embed(
+        self, request: Request, body: EmbeddingBody, field: str
+    ) -> tuple[list[np.ndarray], int, Pooling]:
+        st = server_state(request)
+        if not st.config.embeddings:
+            raise ApiError(
+                "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error"
+            )
+        engine = st.require_engine()
+        value = body.input if body.input is not None else body.content
+        if value is None:
+            raise ApiError('"input" or "content" must be provided')
+        if isinstance(value, bool) or not isinstance(value, str | list | dict):
+            raise ApiError(f'"{field}" must be a string, a list of tokens, or a list of inputs')
+        value = [_flatten_content(v) for v in value] if isinstance(value, list) else _flatten_content(value)
+        prompts = tokenize_prompts(value, engine.tokenizer, field, n_ctx=engine.n_ctx_slot)
+        pooling = Pooling[(st.config.pooling or "mean").upper()]
+        normalize = body.embd_normalize if body.embd_normalize is not None else st.config.embd_normalize
+        if not -1 <= normalize <= 64:
+            raise ApiError("embd_normalize must be between -1 and 64")
+        n_ctx, n_vocab = engine.n_ctx_slot, engine.tokenizer.n_vocab
+        for p in prompts:
+            if not p:
+                raise ApiError("Input content cannot be empty")
+            if len(p) > n_ctx:
+                raise ApiError(
+                    f"input ({len(p)} tokens) is too large to process. increase the physical batch size "
+                    f"(current batch size: {n_ctx})",
+                    "server_error",
+                )
+            if min(p) < 0 or max(p) >= n_vocab:
+                raise ApiError("Input contains invalid tokens")
+        out = []
+        for p in prompts:
+            req = EmbeddingRequest(prompt=p, pooling=pooling, normalize=normalize)
+            out.append(await asyncio.to_thread(engine.embed, req))
+        n_tokens = sum(len(p) for p in prompts)
+        st.metrics.prompt_tokens_total += n_tokens
+        return out, n_tokens, pooling
+
+    @post("/v1/embeddings", status_code=200)
+    async def openai(self, request: Request) -> Response:
+        body: EmbeddingBody = await read_body(request, EmbeddingBody)
+        if body.input is None and body.content is not None:
+            return await self._native(request, body)
+        fmt = body.encoding_format or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiError('encoding_format must be "float" or "base64"')
+        if server_state(request).config.pooling == "none":
+            raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+        vectors, n_tokens, _ = await self._embed(request, body, "input")
+        data = []
+        for i, v in enumerate(vectors):
+            if fmt == "base64":
+                data.append({"embedding": base64.b64encode(v.astype("<f4").tobytes()).decode(), "index": i,
+                             "object": "embedding", "encoding_format": "base64"})  # fmt: skip
+            else:
+                data.append({"embedding": v.tolist(), "index": i, "object": "embedding"})
+        st = server_state(request)
+        return json_response(
+            {
+                "model": body.model or st.model_name,
+                "object": "list",
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+                "data": data,
+            }
+        )
+
+    @post(["/embedding", "/embeddings"], status_code=200)
+    async def native(self, request: Request) -> Response:
+        return await self._native(request, await read_body(request, EmbeddingBody))
+
+    async def _native(self, request: Request, body: EmbeddingBody) -> Response:
+        vectors, _, pooling = await self._embed(request, body, "content" if body.input is None else "input")
+        out = []
+        for i, v in enumerate(vectors):
+            rows = v.tolist() if pooling == Pooling.NONE else [v.tolist()]
+            out.append({"index": i, "embedding": rows})
+        return json_response(out)

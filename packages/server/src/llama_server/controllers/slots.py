@@ -1,0 +1,95 @@
+"""GET /slots and POST /slots/{id_slot}?action=save|restore|erase."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+
+from ..errors import ApiError
+from ._common import json_response, read_body, server_state
+
+__all__ = ["SlotsController", "valid_filename"]
+
+_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]")
+
+
+def valid_filename(name: str) -> bool:
+    """llama.cpp's fs_validate_filename, simplified: a plain file name inside the save directory."""
+    return (
+        0 < len(name.encode("utf-8", "surrogatepass")) <= 255
+        and name not in (".", "..")
+        and ".." not in name
+        and not _BAD_CHARS.search(name)
+        and name == name.strip()
+        and not name.endswith(".")
+    )
+
+
+class SlotFileBody(msgspec.Struct, kw_only=True):
+    filename: str | None = None
+
+
+class SlotsController(Controller):
+    @get("/slots")
+    async def slots(self, request: Request) -> Response:
+        st = server_state(request)
+        if not st.config.endpoint_slots:
+            raise ApiError(
+                "This server does not support slots endpoint. Start it with `--slots`", "not_supported_error"
+            )
+        engine = st.require_engine()
+        out: list[dict[str, Any]] = []
+        any_idle = False
+        for slot in list(engine.scheduler.slots):
+            busy = int(slot.state) != 0
+            any_idle |= not busy
+            entry: dict[str, Any] = {"id": slot.id, "n_ctx": engine.n_ctx_slot, "speculative": False,
+                                     "is_processing": busy}  # fmt: skip
+            rec = st.slots.get(slot.id)
+            if rec is not None:
+                entry.update(
+                    id_task=rec.id_task,
+                    n_prompt_tokens=rec.n_prompt_tokens,
+                    n_prompt_tokens_processed=rec.n_prompt_tokens_processed,
+                    n_prompt_tokens_cache=rec.n_prompt_tokens_cache,
+                    next_token=[
+                        {
+                            "has_next_token": busy,
+                            "has_new_line": False,
+                            "n_remain": -1,
+                            "n_decoded": slot.n_generated if busy else 0,
+                        }
+                    ],
+                )
+            out.append(entry)
+        if request.query_params.get("fail_on_no_slot") and not any_idle:
+            raise ApiError("no slot available", "unavailable_error")
+        return json_response(out)
+
+    @post("/slots/{id_slot:str}", status_code=200)
+    async def action(self, request: Request) -> Response:
+        st = server_state(request)
+        id_slot = str(request.path_params["id_slot"])
+        if not st.config.slot_save_path:
+            raise ApiError(
+                "This server does not support slots action. Start it with `--slot-save-path`",
+                "not_supported_error",
+            )
+        try:
+            sid = int(id_slot)
+        except ValueError:
+            raise ApiError("Invalid slot ID") from None
+        if sid < 0:
+            raise ApiError("Invalid slot ID")
+        action = request.query_params.get("action", "")
+        if action not in ("save", "restore", "erase"):
+            raise ApiError("Invalid action")
+        if action in ("save", "restore"):
+            body: SlotFileBody = await read_body(request, SlotFileBody)
+            if not body.filename or not valid_filename(body.filename):
+                raise ApiError("Invalid filename")
+        # The engine does not expose saving, restoring or erasing a sequence's KV cells yet.
+        raise ApiError(f"slot {action} is not supported by this engine yet", "not_supported_error")

@@ -1,0 +1,99 @@
+"""The edge of every request, in the reference's order (endpoints.md §0.4): CORS headers and OPTIONS,
+readiness (503 while the model loads), the API key, and the `Server: llama.cpp` header.
+
+An outermost ASGI wrapper, so that it also covers unknown routes and Litestar's own errors.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from .errors import error_body
+from .state import ServerState
+
+__all__ = ["EdgeMiddleware"]
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/", "/index.html"})
+
+
+class EdgeMiddleware:
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+        self.keys = [k.encode() for k in state.config.api_keys]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        extra = self._cors(headers, scope["method"] == "OPTIONS")
+        extra.append((b"server", b"llama.cpp"))
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        if scope["method"] == "OPTIONS":
+            await _respond(send_with_headers, 200, b"", b"text/html")
+            return
+        path = scope["path"]
+        prefix = self.state.config.api_prefix
+        if not self.state.ready.is_set() and path not in ("/", "/index.html"):
+            await _json(send_with_headers, 503, "Loading model", "unavailable_error")
+            return
+        if self.keys and not (path in PUBLIC_PATHS and not prefix) and not self._authorized(headers):
+            await _json(send_with_headers, 401, "Invalid API Key", "authentication_error")
+            return
+        await self.app(scope, receive, send_with_headers)
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        key = headers.get("authorization") or headers.get("x-api-key") or ""
+        if key.startswith("Bearer "):
+            key = key[7:]
+        given = key.encode("latin-1", "replace")
+        ok = False
+        for k in self.keys:  # compare with every key: the time taken does not tell which one matched
+            ok |= hmac.compare_digest(given, k)
+        return ok
+
+    def _cors(self, headers: dict[str, str], preflight: bool) -> list[tuple[bytes, bytes]]:
+        cfg = self.state.config
+        origin = headers.get("origin", "")
+        out: list[tuple[bytes, bytes]] = []
+        allow: str | None
+        if cfg.cors_origins == "*" and cfg.cors_credentials:
+            allow = origin or None
+        elif cfg.cors_origins == "localhost":
+            host = urlsplit(origin if "://" in origin else "//" + origin).hostname or ""
+            allow = origin if host in ("localhost", "127.0.0.1", "::1") else None
+        else:
+            allow = cfg.cors_origins
+        if allow is not None:
+            out.append((b"access-control-allow-origin", allow.encode("latin-1", "replace")))
+        if preflight:
+            out.append((b"access-control-allow-credentials", b"true" if cfg.cors_credentials else b"false"))
+            out.append((b"access-control-allow-methods", cfg.cors_methods.encode()))
+            out.append((b"access-control-allow-headers", cfg.cors_headers.encode()))
+        return out
+
+
+async def _respond(send: Any, status: int, body: bytes, content_type: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _json(send: Any, status: int, message: str, type: str) -> None:
+    body = msgspec.json.encode(error_body(status, message, type))
+    await _respond(send, status, body, b"application/json; charset=utf-8")

@@ -1,0 +1,191 @@
+"""What the app shares between requests: settings, the engine once loaded, counters for /metrics."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from llama_engine import Engine, EngineConfig, FinalEvent
+
+from .config import ServerConfig
+from .prompts import max_piece_chars
+from .template import BUILTIN_TEMPLATES, CHATML, ChatTemplate
+
+__all__ = ["Metrics", "ServerState", "SlotRecord"]
+
+log = logging.getLogger("llama_server")
+
+BUILD_INFO = "b0-llamapy"
+
+
+@dataclass(slots=True)
+class Metrics:
+    """Counters behind /metrics (llama.cpp's server_metrics)."""
+
+    prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_tokens_max: int = 0
+    # since the previous scrape (the two throughput gauges)
+    window_prompt_tokens: int = 0
+    window_prompt_seconds: float = 0.0
+    window_predicted_tokens: int = 0
+    window_predicted_seconds: float = 0.0
+
+    def record(self, ev: FinalEvent) -> None:
+        t = ev.timings
+        self.prompt_tokens_total += t.prompt_n
+        self.prompt_tokens_cached_total += t.cache_n
+        self.prompt_seconds_total += t.prompt_ms / 1e3
+        self.tokens_predicted_total += t.predicted_n
+        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
+        self.n_tokens_max = max(self.n_tokens_max, t.cache_n + t.prompt_n + t.predicted_n)
+        self.window_prompt_tokens += t.prompt_n
+        self.window_prompt_seconds += t.prompt_ms / 1e3
+        self.window_predicted_tokens += max(t.predicted_n - 1, 0)
+        self.window_predicted_seconds += t.predicted_ms / 1e3
+
+
+@dataclass(slots=True)
+class SlotRecord:
+    """What /slots shows about a slot's last task."""
+
+    id_task: int = -1
+    n_prompt_tokens: int = 0
+    n_prompt_tokens_processed: int = 0
+    n_prompt_tokens_cache: int = 0
+    n_decoded: int = 0
+
+
+@dataclass(slots=True)
+class ServerState:
+    """Shared by all handlers. `engine` is None until the model is loaded and warmed up."""
+
+    config: ServerConfig
+    engine: Engine | None = None
+    template: ChatTemplate | None = None
+    load_error: str | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    slots: dict[int, SlotRecord] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    next_task: int = 0
+    ready: threading.Event = field(default_factory=threading.Event)
+    exit_on_load_error: bool = False
+    inflight: int = 0  # engine requests submitted and not yet final (the server's own bound on the queue)
+    inflight_lock: threading.Lock = field(default_factory=threading.Lock)
+    _loader: threading.Thread | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_name
+
+    def task_id(self) -> int:
+        self.next_task += 1
+        return self.next_task - 1
+
+    def require_engine(self) -> Engine:
+        from .errors import ApiError
+
+        if self.engine is None:
+            raise ApiError("Loading model", "unavailable_error")
+        return self.engine
+
+    # -- loading ---------------------------------------------------------------------------------------
+
+    def start_loading(self) -> None:
+        """Build the engine in a background thread: /health answers 503 until it is ready."""
+        if self.engine is not None or self.ready.is_set():  # built by the caller
+            if self.engine is not None and self.template is None:
+                self.template = self._make_template(self.engine)
+            self.ready.set()
+            return
+        if self._loader is None:
+            self._loader = threading.Thread(target=self._load, name="llama-server-load", daemon=True)
+            self._loader.start()
+
+    def _load(self) -> None:
+        cfg = self.config
+        try:
+            t0 = time.perf_counter()
+            engine = Engine(
+                cfg.model,
+                EngineConfig(
+                    n_ctx=cfg.n_ctx,
+                    n_parallel=cfg.n_parallel,
+                    n_batch=min(cfg.n_batch, cfg.n_ubatch) if cfg.embeddings else cfg.n_batch,
+                    n_threads=cfg.n_threads,
+                    max_queue=cfg.max_queue,
+                    kv_unified=cfg.kv_unified,
+                    warmup=cfg.warmup,
+                    swa_full=cfg.swa_full,
+                ),
+            ).start()
+            engine.tokenizer.warmup()
+            max_piece_chars(engine.tokenizer)
+            self.template = self._make_template(engine)
+            engine.ready.wait()
+            self.engine = engine
+            self.ready.set()
+            log.info("model loaded in %.1f s", time.perf_counter() - t0)
+            print(
+                f"main: server is listening on http://{cfg.host}:{cfg.port} - starting the main loop",
+                flush=True,
+            )
+        except Exception as e:
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("failed to load the model: %s", self.load_error)
+            if self.exit_on_load_error:  # the command line: a server that cannot load its model is useless
+                os._exit(1)
+
+    def _make_template(self, engine: Engine) -> ChatTemplate:
+        tok = engine.tokenizer
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        source = self.config.chat_template
+        if source is not None:
+            source = BUILTIN_TEMPLATES.get(source, source)
+        else:
+            model_tmpl = engine.gguf.metadata.get("tokenizer.chat_template")
+            source = model_tmpl if isinstance(model_tmpl, str) and model_tmpl else CHATML
+        if not self.config.jinja and source not in BUILTIN_TEMPLATES.values():
+            source = CHATML
+        return ChatTemplate(source, bos, eos)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        self.ready.clear()
+
+    # -- helpers used by several controllers ---------------------------------------------------------------
+
+    def model_meta(self) -> dict[str, Any]:
+        engine = self.require_engine()
+        c = engine.model.config
+        size = os.path.getsize(self.config.model) if os.path.exists(self.config.model) else 0
+        n_params = sum(math.prod(t.shape) for t in engine.gguf.tensors.values())
+        return {
+            "vocab_type": int(engine.tokenizer.vocab.type),
+            "n_vocab": c.n_vocab,
+            "n_ctx": engine.n_ctx_slot,
+            "n_ctx_train": c.n_ctx_train,
+            "n_embd": engine.gguf.header.embedding_length,
+            "n_params": n_params,
+            "size": size,
+            "ftype": _ftype_name(engine.gguf.header.file_type),
+        }
+
+
+_FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 12: "Q3_K_M",
+           15: "Q4_K_M", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}  # fmt: skip
+
+
+def _ftype_name(ft: int | None) -> str:
+    return _FTYPES.get(ft if ft is not None else -1, f"ftype {ft}")

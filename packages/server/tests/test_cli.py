@@ -1,0 +1,92 @@
+"""The `llama-server` command line (click's CliRunner; uvicorn.run is replaced so nothing listens)."""
+
+from __future__ import annotations
+
+import pytest
+import uvicorn
+from click.testing import CliRunner
+from conftest import smollm2_path
+
+from llama_server.cli import main
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    seen: dict = {}
+
+    def fake_run(app, **kw):
+        seen["app"] = app
+        seen.update(kw)
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    return seen
+
+
+def _cfg(seen):
+    return seen["app"].state.server.config
+
+
+def test_help():
+    r = CliRunner().invoke(main, ["--help"])
+    assert r.exit_code == 0 and "--ctx-size" in r.output and "--api-key" in r.output
+
+
+def test_unknown_flag_is_an_error():
+    r = CliRunner().invoke(main, ["--definitely-not-a-flag"])
+    assert r.exit_code != 0 and "No such option" in r.output
+
+
+def test_flags(captured):
+    r = CliRunner().invoke(main, ["-m", str(smollm2_path()), "-c", "1024", "-np", "2", "--port", "9999", "-a", "b,a",
+                                  "--temp", "0.5", "--metrics", "--no-slots", "-n", "7", "--cors-origins", "localhost"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    cfg = _cfg(captured)
+    assert (cfg.n_ctx, cfg.n_parallel, cfg.model_name, cfg.n_predict) == (1024, 2, "a", 7)
+    assert cfg.sampling.temperature == 0.5 and cfg.endpoint_metrics and not cfg.endpoint_slots
+    assert captured["port"] == 9999 and cfg.cors_origins == "localhost"
+
+
+def test_defaults_bundled_model_and_auto_slots(captured):
+    r = CliRunner().invoke(main, [])
+    assert r.exit_code == 0, r.output
+    cfg = _cfg(captured)
+    assert cfg.model.endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and cfg.n_parallel == 4 and cfg.kv_unified
+    assert captured["host"] == "127.0.0.1" and captured["port"] == 8080
+
+
+def test_env_vars_and_cli_wins(captured, tmp_path):
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("# comment\nk2\n")
+    env = {
+        "LLAMA_ARG_CTX_SIZE": "512",
+        "LLAMA_ARG_PORT": "7000",
+        "LLAMA_API_KEY": "k1",
+        "LLAMA_ARG_N_PARALLEL": "3",
+    }
+    r = CliRunner().invoke(main, ["--port", "7001", "--api-key-file", str(keyfile)], env=env)
+    assert r.exit_code == 0, r.output
+    cfg = _cfg(captured)
+    assert (
+        cfg.n_ctx == 512 and cfg.n_parallel == 3 and captured["port"] == 7001 and cfg.api_keys == ("k1", "k2")
+    )
+
+
+def test_ignored_flags_notice(captured):
+    r = CliRunner().invoke(
+        main, ["-ngl", "99", "-fa", "on", "--mlock", "--numa", "distribute", "-dev", "none"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "has no effect" in r.output
+
+
+def test_invalid_values():
+    assert CliRunner().invoke(main, ["-np", "0"]).exit_code != 0
+    assert CliRunner().invoke(main, ["-m", "/nonexistent.gguf"]).exit_code != 0
+    assert CliRunner().invoke(main, ["--top-p", "7"]).exit_code != 0
+    assert CliRunner().invoke(main, ["--chat-template-kwargs", "[1]"]).exit_code != 0
+
+
+def test_port_zero_picks_a_free_port(captured):
+    r = CliRunner().invoke(main, ["--port", "0"])
+    assert r.exit_code == 0, r.output
+    assert "fd" in captured and _cfg(captured).port > 0

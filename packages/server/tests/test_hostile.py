@@ -1,0 +1,122 @@
+"""Hostile requests: every case gets a 4xx JSON error, and the server keeps serving (/health 200)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import assert_error
+
+C, CHAT, V1C, EMB, TOK, DETOK, MSGS = (
+    "/completion", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize",
+    "/v1/messages",
+)  # fmt: skip
+M = [{"role": "user", "content": "Hi"}]
+
+
+def deep(n: int) -> bytes:
+    return b'{"prompt": ' + b"[" * n + b"]" * n + b"}"
+
+
+def j(obj: object) -> bytes:
+    return json.dumps(obj).encode()
+
+
+CASES: list[tuple[str, str, bytes]] = [
+    # malformed bodies
+    ("not-json", C, b"{prompt: hi"),
+    ("empty-body", C, b""),
+    ("json-array-body", C, b"[1, 2, 3]"),
+    ("json-string-body", CHAT, b'"hello"'),
+    ("nan-literal", C, b'{"prompt": "x", "temperature": NaN}'),
+    ("infinity-literal", C, b'{"prompt": "x", "top_p": Infinity}'),
+    ("huge-float", C, b'{"prompt": "x", "temperature": 1e999}'),
+    ("bad-utf8", C, b'{"prompt": "\xff\xfe\xfa"}'),
+    ("bad-utf8-chat", CHAT, b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}'),
+    ("deep-nesting-100k", C, deep(100_000)),
+    ("deep-nesting-chat", CHAT, b'{"messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
+    ("truncated-json", CHAT, b'{"messages": [{"role": "user", "content": "Hi"}'),
+    # wrong types
+    ("prompt-int", C, j({"prompt": 5})),
+    ("prompt-bool-list", C, j({"prompt": [True]})),
+    ("prompt-object-unknown", C, j({"prompt": {"foo": 1}})),
+    ("prompt-empty-list", C, j({"prompt": []})),
+    ("prompt-missing", V1C, j({"max_tokens": 1})),
+    ("n_predict-string", C, j({"prompt": "x", "n_predict": "ten"})),
+    ("temperature-string", C, j({"prompt": "x", "temperature": "hot"})),
+    ("top_k-float", C, j({"prompt": "x", "top_k": 1.5})),
+    ("stream-string", C, j({"prompt": "x", "stream": "yes"})),
+    ("stop-int", C, j({"prompt": "x", "stop": 5})),
+    ("stop-list-ints", C, j({"prompt": "x", "stop": [1, 2]})),
+    ("samplers-int", C, j({"prompt": "x", "samplers": 5})),
+    ("logit_bias-string", C, j({"prompt": "x", "logit_bias": "ban"})),
+    ("dry-breakers-empty", C, j({"prompt": "x", "dry_sequence_breakers": []})),
+    ("messages-string", CHAT, j({"messages": "hi"})),
+    ("messages-missing", CHAT, j({"max_tokens": 1})),
+    ("role-int", CHAT, j({"messages": [{"role": 1, "content": "x"}]})),
+    ("content-int", CHAT, j({"messages": [{"role": "user", "content": 5}]})),
+    ("content-part-unknown", CHAT, j({"messages": [{"role": "user", "content": [{"type": "video_game"}]}]})),
+    ("tool_choice-bogus", CHAT, j({"messages": M, "tool_choice": "bogus"})),
+    ("top_logprobs-without-logprobs", CHAT, j({"messages": M, "top_logprobs": 2})),
+    ("enable_thinking-string", CHAT, j({"messages": M, "chat_template_kwargs": {"enable_thinking": "yes"}})),
+    ("anthropic-max_tokens-string", MSGS, j({"messages": M, "max_tokens": "many"})),
+    ("anthropic-message-no-role", MSGS, j({"messages": [{"content": "x"}], "max_tokens": 1})),
+    ("tokenize-content-int", TOK, j({"content": 5})),
+    ("detokenize-strings", DETOK, j({"tokens": ["a"]})),
+    ("embeddings-bool", EMB, j({"input": True})),
+    ("embeddings-format", EMB, j({"input": "x", "encoding_format": 7})),
+    # huge and negative numbers
+    ("n_predict-negative", C, j({"prompt": "x", "n_predict": -5})),
+    ("n_predict-2^40", C, j({"prompt": "x", "n_predict": 2**40})),
+    ("n_predict-2^70", C, j({"prompt": "x", "n_predict": 2**70})),
+    ("max_tokens-negative", CHAT, j({"messages": M, "max_tokens": -2})),
+    ("n_probs-100k", C, j({"prompt": "x", "n_probs": 100_000})),
+    ("n_probs-negative", C, j({"prompt": "x", "n_probs": -1})),
+    ("top_logprobs-huge", CHAT, j({"messages": M, "logprobs": True, "top_logprobs": 10**6})),
+    ("n-million", CHAT, j({"messages": M, "n": 1_000_000})),
+    ("n_cmpl-above-slots", C, j({"prompt": "x", "n_cmpl": 5})),
+    ("n-zero", V1C, j({"prompt": "x", "n": 0})),
+    ("seed-negative", C, j({"prompt": "x", "seed": -2})),
+    ("seed-2^40", C, j({"prompt": "x", "seed": 2**40})),
+    ("id_slot-negative", C, j({"prompt": "x", "id_slot": -5})),
+    ("n_keep-negative", C, j({"prompt": "x", "n_keep": -2})),
+    ("n_discard-negative", C, j({"prompt": "x", "n_discard": -1})),
+    ("repeat_last_n-negative", C, j({"prompt": "x", "repeat_last_n": -7})),
+    ("min_keep-negative", C, j({"prompt": "x", "min_keep": -1})),
+    ("temperature-1e308", C, j({"prompt": "x", "temperature": 1e308})),
+    ("repeat_penalty-zero", C, j({"prompt": "x", "repeat_penalty": 0})),
+    ("sse_ping-negative", C, j({"prompt": "x", "sse_ping_interval": -9})),
+    ("token-id-negative", C, j({"prompt": [-1]})),
+    ("token-id-out-of-vocab", C, j({"prompt": [10**9]})),
+    ("prompt-too-long", C, j({"prompt": [1] * 3000})),
+    ("prompt-1M-chars", C, j({"prompt": "a " * 500_000})),
+    ("prompts-many", C, j({"prompt": ["a"] * 65})),
+    ("chat-1M-chars", CHAT, j({"messages": [{"role": "user", "content": "b " * 500_000}]})),
+    ("embeddings-1M-chars", EMB, j({"input": "c " * 500_000})),
+    ("detokenize-huge-id", DETOK, j({"tokens": [2**40]})),
+    ("embeddings-empty", EMB, j({"input": []})),
+    ("embeddings-bad-token", EMB, j({"input": [-3]})),
+    # slot actions
+    ("slot-id-text", "/slots/abc?action=save", j({"filename": "x.bin"})),
+    ("slot-filename-traversal", "/slots/0?action=restore", j({"filename": "../../etc/passwd"})),
+    ("slot-filename-control", "/slots/0?action=save", j({"filename": "a\x01b"})),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "body"), CASES, ids=[c[0] for c in CASES])
+def test_hostile_request(client, name, path, body):
+    r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert 400 <= r.status_code < 500, (name, r.status_code, r.text[:300])
+    assert_error(r, r.status_code)
+    assert client.get("/health").status_code == 200
+
+
+def test_oversized_body(client):
+    body = b'{"prompt": "' + b"a" * (17 * 1024 * 1024) + b'"}'
+    r = client.post(C, content=body, headers={"Content-Type": "application/json"})
+    assert_error(r, 413)
+    assert client.get("/health").status_code == 200
+
+
+def test_matrix_size():
+    assert len(CASES) + 1 >= 60
