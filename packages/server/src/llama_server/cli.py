@@ -289,7 +289,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
             seed=0xFFFFFFFF if kw["seed"] == -1 else kw["seed"],
             ignore_eos=kw["ignore_eos"],
             logit_bias=_logit_bias(kw["logit_bias"]),
-            **({"samplers": samplers} if samplers is not None else {}),
+            **_samplers_kw(samplers),
         ).validate()
     except ValueError as e:
         raise click.UsageError(f"invalid sampling option: {e}") from None
@@ -393,3 +393,8 @@ def main(**kw: Any) -> None:
         timeout_graceful_shutdown=5,
         server_header=False,
     )
+
+
+def _samplers_kw(samplers: tuple[str, ...] | None) -> dict[str, Any]:
+    """The `samplers` keyword for SamplingParams, only when the user set an order."""
+    return {} if samplers is None else {"samplers": samplers}

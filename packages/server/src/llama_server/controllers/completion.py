@@ -291,7 +291,7 @@ class CompletionController(Controller):
         for chunk in body.input_extra or []:
             ctx += tok.encode("\n\n--- snippet ---\n\n" + chunk.text, add_special=False, parse_special=False)
         bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
-        prompt = [*ctx, *bos, fim["pre"], *prefix, *extra_prompt, fim["suf"], *suffix, fim["mid"]]  # type: ignore[list-item]
+        prompt: list[int] = [*ctx, *bos, fim["pre"], *prefix, *extra_prompt, fim["suf"], *suffix, fim["mid"]]  # type: ignore[list-item]
         body = msgspec.structs.replace(body, prompt=None)
         return await self._native(request, body, [prompt])
 
