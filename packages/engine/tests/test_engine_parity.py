@@ -32,6 +32,7 @@ PROMPTS = [
     "The best way to learn programming is",
 ]
 N_GEN = 64
+_QUIET_LOG = None
 
 
 class Oracle:
@@ -44,8 +45,10 @@ class Oracle:
             raise RuntimeError("parity tests need llama-cpp-python (run `nox -s parity`)") from e
         lc = self.lc = llama_cpp
         lc.llama_backend_init()
-        self._quiet = lc.llama_log_callback(lambda *a: None)  # kept alive: llama.cpp calls it later
-        lc.llama_log_set(self._quiet, ctypes.c_void_p())
+        global _QUIET_LOG
+        if _QUIET_LOG is None:  # llama.cpp keeps the pointer for the whole process: so must we
+            _QUIET_LOG = lc.llama_log_callback(lambda *a: None)
+        lc.llama_log_set(_QUIET_LOG, ctypes.c_void_p())
         self.model = lc.llama_model_load_from_file(os.fsencode(path), lc.llama_model_default_params())
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 512, 512
