@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+_QUIET_LOG = None
 THREADS = int(os.environ.get("BENCH_THREADS", os.cpu_count() or 2))
 
 
@@ -92,7 +93,9 @@ def theirs(path: str, n_prompt: int, n_decode: int, streams: tuple[int, ...]) ->
     import llama_cpp as lc
 
     lc.llama_backend_init()
-    lc.llama_log_set(lc.llama_log_callback(lambda *a: None), None)
+    global _QUIET_LOG
+    _QUIET_LOG = lc.llama_log_callback(lambda *a: None)  # llama.cpp keeps the pointer: keep the object
+    lc.llama_log_set(_QUIET_LOG, None)
     model = lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
     cp = lc.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = 2048 * max(streams), 512, 512
