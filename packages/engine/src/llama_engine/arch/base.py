@@ -7,7 +7,7 @@ embedding scale, sliding-window layers) and registers itself under its `general.
     class Llama(DecoderModel): ...
 
 The forward pass takes a `Batch` mixing sequences and returns the logits of the tokens that asked for
-them. Weights stay quantized: each matrix is a `llama_quant.kernels.QuantMatrix`.
+them. Weights stay quantized: each matrix is a `llama_quant.kernels.exact.ExactMatrix`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import numpy as np
 
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
 from llama_quant import dequantize
-from llama_quant.kernels.exact import Activations
-from llama_quant.kernels.exact import ExactMatrix as QuantMatrix
+from llama_quant.kernels.exact import Activations, ExactMatrix
 
 from .. import ops
 from ..batch import Batch
@@ -79,18 +78,18 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class LayerWeights:
-    """One block's tensors; matrices are QuantMatrix (rows = output features), vectors float32."""
+    """One block's tensors; matrices are ExactMatrix (rows = output features), vectors float32."""
 
     attn_norm: np.ndarray
-    wq: QuantMatrix | None
-    wk: QuantMatrix | None
-    wv: QuantMatrix | None
-    wqkv: QuantMatrix | None
-    wo: QuantMatrix
+    wq: ExactMatrix | None
+    wk: ExactMatrix | None
+    wv: ExactMatrix | None
+    wqkv: ExactMatrix | None
+    wo: ExactMatrix
     ffn_norm: np.ndarray | None
-    w_gate: QuantMatrix | None
-    w_up: QuantMatrix
-    w_down: QuantMatrix
+    w_gate: ExactMatrix | None
+    w_up: ExactMatrix
+    w_down: ExactMatrix
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -120,7 +119,7 @@ class DecoderModel:
         self.output_norm = self.vec("output_norm.weight")
         output = self.matrix("output.weight") or self.matrix("token_embd.weight")  # tied when absent
         assert output is not None
-        self.output: QuantMatrix = output
+        self.output: ExactMatrix = output
         self._rope: dict[float, np.ndarray] = {}
         self._release_pages()
 
@@ -155,14 +154,14 @@ class DecoderModel:
     def has(self, name: str) -> bool:
         return name in self._gguf.tensors
 
-    def matrix(self, name: str) -> QuantMatrix | None:
-        """A 2-D weight as a QuantMatrix (rows = ne1 outputs, cols = ne0 inputs), or None if absent."""
+    def matrix(self, name: str) -> ExactMatrix | None:
+        """A 2-D weight as a ExactMatrix (rows = ne1 outputs, cols = ne0 inputs), or None if absent."""
         t = self._gguf.tensors.get(name)
         if t is None:
             return None
         if len(t.shape) != 2:
             raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected a matrix")
-        return QuantMatrix(self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
+        return ExactMatrix(self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
 
     def vec(self, name: str) -> np.ndarray:
         """A weight vector (norm weights, biases) as float32, copied out of the mmap."""
@@ -369,7 +368,7 @@ class DecoderModel:
         return o
 
 
-def _linear(m: QuantMatrix, x: np.ndarray | Activations) -> np.ndarray:
+def _linear(m: ExactMatrix, x: np.ndarray | Activations) -> np.ndarray:
     """y[n, rows] = x[n, cols] @ W.T"""
     if isinstance(x, Activations):
         return m.matmul(x)
