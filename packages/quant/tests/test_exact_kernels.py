@@ -11,7 +11,7 @@ from exact_cases import ACT_KINDS, TYPES, make_acts, weights
 from gguf import GGMLQuantizationType as T
 
 import llama_quant
-from llama_quant.kernels.exact import Activations, ExactMatrix, ref
+from llama_quant.kernels.exact import Activations, ExactMatrix, pairs, ref
 from llama_quant.kernels.exact import act as _act
 from llama_quant.kernels.exact.matrix import _SPECS
 
@@ -137,3 +137,23 @@ def test_errors() -> None:
         m.matmul(Activations(64, 1).set(np.zeros(64, np.float32)))
     assert m.nbytes > 0 and m.activation_format == "q8" and m.vec_dot_type == T.Q8_0
     assert set(_SPECS) == set(TYPES)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_many_token_path_equals_one_token_products(qtype: T) -> None:
+    """Prompts of these types take the byte-pair kernels (exact.pairs, on CPUs with AVX2): the same numbers
+    as one matvec per token, including a partial last tile and extreme activations."""
+    rows, cols = 200, 512
+    raw = weights(qtype, rows, cols, seed=3)
+    m = ExactMatrix(raw, qtype, rows, cols)
+    for kind, n in (("mixed", 37), ("outliers", 16), ("ties", pairs.MIN_TOKENS)):
+        x = make_acts(kind, n, cols, seed=n)
+        full = m.matmul(x)
+        for t in range(n):
+            assert _same(m.matvec(x[t]), full[t])
+
+
+def test_pairs_kernels_in_use_on_avx2_cpus() -> None:
+    import llvmlite.binding as llvm
+
+    assert bool(llvm.get_host_cpu_features().get("avx2")) == pairs.AVAILABLE

@@ -3,7 +3,9 @@ results bit for bit (ggml's generic C kernels: the activations quantized to the 
 reference quantizer, then one ``vec_dot`` per output element).
 
 A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
-vec_dot per element), so results do not depend on how tokens are batched.
+vec_dot per element), so results do not depend on how tokens are batched. Batches of ``pairs.MIN_TOKENS``
+tokens or more of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K go through ``pairs`` (byte-pair multiply-adds on a tile
+unpacked once for all tokens): different integer arithmetic, the same sums, the same float steps.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from . import act, blocks32, floats, kquants
+from . import act, blocks32, floats, kquants, pairs
 from .ref import vec_dot_type
 
 if TYPE_CHECKING:
@@ -102,34 +104,27 @@ class _Spec:
     fmt: str  # Activations format
     pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]]
     run: Callable[..., None]  # (arrays, out, acts tuple, n, rows, nb)
+    many: Callable[..., None] | None = None  # the same for many tokens (exact.pairs), where available
+    many_min: int = pairs.MIN_TOKENS  # from this many tokens on
 
 
-def _b32(name: str, run: Callable[..., None]) -> _Spec:
-    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", lambda raw, r, c: blocks32.pack(name, raw, r, c), run)
+def _b32(name: str, run: Callable[..., None], many: Callable[..., None] | None = None) -> _Spec:
+    pack = lambda raw, r, c: blocks32.pack(name, raw, r, c)  # noqa: E731
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run, many if pairs.AVAILABLE else None)
 
 
 def _k(qtype: T, bb: int) -> _Spec:
     pk = lambda raw, r, c: kquants.pack(qtype, raw, r, c)  # noqa: E731
     kind = kquants.KIND[qtype]
     if qtype == T.Q4_K:
-        return _Spec(
-            256,
-            bb,
-            "q8k",
-            pk,
-            lambda a, o, x, n, r, nb: kquants.mv_q4k(
-                o, a[0], a[1], a[2], a[3], a[4], x[0], x[1], x[2], n, r, nb
-            ),
-        )
-    return _Spec(
-        256,
-        bb,
-        "q8k",
-        pk,
-        lambda a, o, x, n, r, nb: kquants.mv_k8(
-            o, a[0], a[1], a[2], a[3], a[4], x[0], x[1], x[2], n, r, nb, kind
-        ),
-    )
+        run = lambda a, o, x, n, r, nb: kquants.mv_q4k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
+        many = lambda a, o, x, n, r, nb: pairs.mm_q4k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
+        return _Spec(256, bb, "q8k", pk, run, many if pairs.AVAILABLE else None)
+    run = lambda a, o, x, n, r, nb: kquants.mv_k8(o, *a, *x, n, r, nb, kind)  # type: ignore[call-arg]  # noqa: E731
+    if qtype == T.Q6_K:  # unpacking its 6-bit values costs more: worth it from 16 tokens
+        many = lambda a, o, x, n, r, nb: pairs.mm_q6k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
+        return _Spec(256, bb, "q8k", pk, run, many if pairs.AVAILABLE else None, 16)
+    return _Spec(256, bb, "q8k", pk, run)
 
 
 def _f(qtype: T, bb: int, fmt: str) -> _Spec:
@@ -144,10 +139,14 @@ def _f(qtype: T, bb: int, fmt: str) -> _Spec:
 
 # fmt: off
 _SPECS: dict[T, _Spec] = {
-    T.Q4_0: _b32("Q4_0", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False)),
-    T.Q4_1: _b32("Q4_1", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True)),
-    T.Q5_0: _b32("Q5_0", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False)),
-    T.Q5_1: _b32("Q5_1", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True)),
+    T.Q4_0: _b32("Q4_0", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False),
+                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False)),
+    T.Q4_1: _b32("Q4_1", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True),
+                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True)),
+    T.Q5_0: _b32("Q5_0", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False),
+                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False)),
+    T.Q5_1: _b32("Q5_1", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True),
+                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True)),
     T.Q8_0: _b32("Q8_0", lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)),
     T.Q2_K: _k(T.Q2_K, 84),
     T.Q3_K: _k(T.Q3_K, 110),
@@ -243,7 +242,9 @@ class ExactMatrix:
             out = np.empty((n, self.rows), np.float32)
         elif out.shape != (n, self.rows) or out.dtype != np.float32:
             raise ValueError(f"out must be float32 [{n}, {self.rows}], got {out.dtype} {out.shape}")
-        self._spec.run(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
+        spec = self._spec
+        run = spec.many if spec.many is not None and n >= spec.many_min else spec.run
+        run(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
         return out
 
     def _check_acts(self, acts: Activations) -> None:

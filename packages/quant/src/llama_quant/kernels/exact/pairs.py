@@ -1,0 +1,462 @@
+"""Many-token products of the 32-value block formats Q4_0, Q4_1, Q5_0, Q5_1 through byte-pair
+multiply-adds (x86 ``pmaddubsw``), with the same numbers as ``blocks32``.
+
+A block's integer sum ``sumi`` is exact however it is formed, so only its float steps must follow ggml
+(they are ``blocks32``'s, unchanged). For a prompt, each tile of 64 weight rows is unpacked once into
+bytes laid out in pairs, ``U[((b * 16 + j) * 64 + r) * 2 + {0, 1}] = (value j, value j + 16)`` of block b of
+row r (the two nibbles of one ggml byte, plus the fifth bits for Q5), and then serves every token:
+``pmaddubsw`` multiplies 16 rows' pairs by one token's broadcast pair ``(x[j], x[j + 16])`` and adds each
+pair, 32 products per instruction. The unsigned values (0..15, 0..31) times int8 activations (|x| <= 127,
+ggml's Q8 quantizers) give pair sums of at most 2 * 31 * 127 = 7874, so 4 (Q5) or 8 (Q4) pairs add up in
+int16 without overflow before they are widened to int32. Q4_0 / Q5_0 subtract the offset afterwards
+(``sumi = sum q * x - 8 * sum x``, or 16).
+
+The instruction is AVX2's; ``AVAILABLE`` says whether this CPU (and numba's target) has it. Without it the
+callers use ``blocks32``'s kernels for every token count.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import float32, int32, prange, types, uint64
+from numba.extending import intrinsic
+
+from ._tiles import TILE_ROWS
+from .kquants import _finish, _float_step, _min_sums
+
+__all__ = ["AVAILABLE", "MIN_TOKENS", "mm_q4", "mm_q4k", "mm_q5", "mm_q6k"]
+
+MIN_TOKENS = 4  # fewer tokens do not repay unpacking a tile
+
+
+def _have_avx2() -> bool:
+    features = getattr(numba.config, "CPU_FEATURES", None)
+    if features:  # an explicit numba target
+        return "+avx2" in str(features).split(",")
+    cpu = getattr(numba.config, "CPU_NAME", None)
+    return bool(cpu in (None, "host") and llvm.get_host_cpu_features().get("avx2"))
+
+
+AVAILABLE = TILE_ROWS == 64 and _have_avx2()
+
+
+def _pair_group(n_pairs: int):  # type: ignore[no-untyped-def]
+    """An intrinsic ``(acc, u, uoff, xp, xoff)``: ``acc[0:64]`` (int32) += for each of ``n_pairs`` pairs p,
+    ``pmaddubsw(u[uoff + 128 p : + 128], broadcast(xp[xoff + p]))`` summed in int16, then widened."""
+
+    @intrinsic
+    def group(typingctx, acc, u, uoff, xp, xoff):  # type: ignore[no-untyped-def]
+        sig = types.void(acc, u, types.intp, xp, types.intp)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            acc_a, u_a, uoff, xp_a, xoff = args
+            acc_p = context.make_array(signature.args[0])(context, builder, acc_a).data
+            u_p = context.make_array(signature.args[1])(context, builder, u_a).data
+            x_p = context.make_array(signature.args[3])(context, builder, xp_a).data
+            i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+            v32i8, v16i16, v16i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 16)
+            name = "llvm.x86.avx2.pmadd.ub.sw"
+            fn = builder.module.globals.get(name) or ir.Function(
+                builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]), name
+            )
+            undef16 = ir.Constant(v16i16, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
+            sums = [ir.Constant(v16i16, None)] * 4  # 4 x 16 rows
+            for p in range(n_pairs):
+                pair = builder.load(builder.gep(x_p, [builder.add(xoff, ir.Constant(xoff.type, p))]))
+                x = builder.bitcast(
+                    builder.shuffle_vector(
+                        builder.insert_element(undef16, pair, ir.Constant(i32, 0)), undef16, splat
+                    ),
+                    v32i8,
+                )
+                for c in range(4):
+                    at = builder.gep(u_p, [builder.add(uoff, ir.Constant(uoff.type, p * 128 + c * 32))])
+                    w = builder.load(builder.bitcast(at, v32i8.as_pointer()), align=1)
+                    sums[c] = builder.add(sums[c], builder.call(fn, [w, x]))
+            for c in range(4):
+                at = builder.bitcast(builder.gep(acc_p, [ir.Constant(i32, c * 16)]), v16i32.as_pointer())
+                builder.store(
+                    builder.add(builder.load(at, align=4), builder.sext(sums[c], v16i32)), at, align=4
+                )
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return group
+
+
+_pairs4 = _pair_group(4)
+_pairs8 = _pair_group(8)
+
+
+@numba.njit(cache=True)
+def _activation_pairs(xp, xq, n, nb):  # pragma: no cover - numba
+    """xp[t, b * 16 + j] = the bytes of x[b * 32 + j] and x[b * 32 + j + 16] (little-endian uint16)."""
+    for t in range(n):
+        for b in range(nb):
+            for j in range(16):
+                lo = np.uint16(np.uint8(xq[t, b * 32 + j]))
+                hi = np.uint16(np.uint8(xq[t, b * 32 + j + 16]))
+                xp[t, b * 16 + j] = lo | (hi << np.uint16(8))
+
+
+@numba.njit(cache=True)
+def _unpack_q4(u, qs, nb):  # pragma: no cover - numba
+    for i in range(nb * 16 * 64):
+        v = qs[i]
+        u[2 * i] = v & 15
+        u[2 * i + 1] = v >> 4
+
+
+@numba.njit(cache=True)
+def _unpack_q5(u, qs, qh, nb):  # pragma: no cover - numba
+    lo_bits = np.empty(64, np.uint8)  # the fifth bits of values j (and j + 16), consumed one per j
+    hi_bits = np.empty(64, np.uint8)
+    for b in range(nb):
+        for h in range(2):
+            lo_bits[:] = qh[(b * 4 + h) * 64 : (b * 4 + h + 1) * 64]
+            hi_bits[:] = qh[(b * 4 + 2 + h) * 64 : (b * 4 + 3 + h) * 64]
+            for s in range(8):
+                o = (b * 16 + h * 8 + s) * 64
+                for r in range(64):
+                    v = qs[o + r]
+                    u[2 * (o + r)] = (v & 15) | ((lo_bits[r] & 1) << 4)
+                    u[2 * (o + r) + 1] = (v >> 4) | ((hi_bits[r] & 1) << 4)
+                    lo_bits[r] = lo_bits[r] >> 1
+                    hi_bits[r] = hi_bits[r] >> 1
+
+
+@numba.njit(cache=True, inline="always")
+def _finish_block(y, acc, d, m, do, dy, sy, offset, kind):  # pragma: no cover - numba
+    """One block's float step for 64 rows (``blocks32``'s, in ggml's order); kind 0: Q4_1 / Q5_1,
+    1: Q4_0, 2: Q5_0 (sumi = acc - offset)."""
+    if kind == 0:  # Q4_1, Q5_1: sumf += (d_w * d_x) * sumi + m_w * s_x
+        for k in range(64):
+            y[k] = y[k] + ((d[do + k] * dy) * float32(acc[k]) + m[do + k] * sy)
+    elif kind == 1:  # Q4_0: sumf += (sumi * d_w) * d_x
+        for k in range(64):
+            y[k] = y[k] + (float32(int32(acc[k] - offset)) * d[do + k]) * dy
+    else:  # Q5_0: sumf += (d_w * d_x) * sumi
+        for k in range(64):
+            y[k] = y[k] + (d[do + k] * dy) * float32(int32(acc[k] - offset))
+
+
+@numba.njit(cache=True, parallel=True)
+def mm_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
+    """out[n, rows] for Q4_0 (has_min False, Q8_0 activations) or Q4_1 (Q8_1); arguments as
+    ``blocks32.mv_q4``."""
+    xp = np.empty((n, nb * 16), np.uint16)
+    _activation_pairs(xp, xq, n, nb)
+    for g in prange(qs.shape[0]):
+        u = np.empty(nb * 16 * 128, np.uint8)
+        _unpack_q4(u, qs[g], nb)
+        _run_tile(out, u, d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 8, has_min)
+
+
+@numba.njit(cache=True, parallel=True)
+def mm_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
+    """out[n, rows] for Q5_0 (has_min False) or Q5_1; arguments as ``blocks32.mv_q5``."""
+    xp = np.empty((n, nb * 16), np.uint16)
+    _activation_pairs(xp, xq, n, nb)
+    for g in prange(qs.shape[0]):
+        u = np.empty(nb * 16 * 128, np.uint8)
+        _unpack_q5(u, qs[g], qh[g], nb)
+        _run_tile(out, u, d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 4, has_min)
+
+
+@numba.njit(cache=True, inline="always")
+def _run_tile(out, u, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  # pragma: no cover - numba
+    """Every token against one unpacked tile: group = pairs summed in int16 (8 for Q4, 4 for Q5)."""
+    acc = np.empty(64, np.int32)
+    y = np.empty(64, np.float32)
+    scale = 8 if group == 8 else 16  # the value offset of the types without a min
+    kind = 0 if has_min else (1 if group == 8 else 2)
+    for t in range(n):
+        xt = xp[t]
+        for k in range(64):
+            y[k] = float32(0.0)
+        for b in range(nb):
+            for k in range(64):
+                acc[k] = 0
+            if group == 8:
+                _pairs8(acc, u, b * 2048, xt, b * 16)
+                _pairs8(acc, u, b * 2048 + 1024, xt, b * 16 + 8)
+            else:
+                for q in range(4):
+                    _pairs4(acc, u, b * 2048 + q * 512, xt, b * 16 + q * 4)
+            offset = 0 if has_min else int32(scale * int32(xsum[t, 2 * b] + xsum[t, 2 * b + 1]))
+            _finish_block(y, acc, d, m, b * 64, xd[t, b], xs[t, b], offset, kind)
+        r0 = g * 64
+        for k in range(min(64, rows - r0)):
+            out[t, r0 + k] = y[k]
+
+
+# --- Q4_K -----------------------------------------------------------------------------------------------
+#
+# ggml's generic Q4_K vec_dot keeps 8 integer lanes per super-block: lane l of sub-block j (32 values,
+# scale sc_j) sums the products at positions 32 j + l + {0, 8, 16, 24}. Chunk c of the raw bytes holds
+# sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles). For 8 rows at a time the unpacked tile holds,
+# per row, the four bytes (lo(b), lo(b + 8), hi(b), hi(b + 8)) of chunk bytes b = l and b = l + 16 in two
+# vectors; one token's matching activation bytes are broadcast as a 32-bit pattern. ``pmaddubsw`` then
+# gives per row the lane's partial sums of both sub-blocks side by side (int16, |s| <= 4 * 15 * 127), and
+# ``pmaddwd`` with the rows' (sc_2c, sc_2c+1) adds ``sc_2c * s_lo + sc_2c+1 * s_hi`` in int32: exactly the
+# chunk's share of ggml's aux32[l].
+
+
+@intrinsic
+def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff):  # type: ignore[no-untyped-def]
+    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above)."""
+    sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xp, types.intp)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        aux_a, auxoff, u_a, uoff, scl_a, scloff, xp_a, xoff = args
+        aux_p = context.make_array(signature.args[0])(context, builder, aux_a).data
+        u_p = context.make_array(signature.args[2])(context, builder, u_a).data
+        s_p = context.make_array(signature.args[4])(context, builder, scl_a).data
+        x_p = context.make_array(signature.args[6])(context, builder, xp_a).data
+        i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+        v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+        mod = builder.module
+        ubsw = mod.globals.get("llvm.x86.avx2.pmadd.ub.sw") or ir.Function(
+            mod, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
+        )
+        wd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
+            mod, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd"
+        )
+        undef = ir.Constant(v8i32, ir.Undefined)
+        splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+
+        def at(ptr, base, off, ty):  # type: ignore[no-untyped-def]
+            return builder.bitcast(builder.gep(ptr, [builder.add(base, ir.Constant(base.type, off))]), ty)
+
+        xs = []
+        for k in range(8):  # (chunk c, half) patterns
+            word = builder.load(builder.gep(x_p, [builder.add(xoff, ir.Constant(xoff.type, k))]))
+            vec = builder.shuffle_vector(
+                builder.insert_element(undef, word, ir.Constant(i32, 0)), undef, splat
+            )
+            xs.append(builder.bitcast(vec, v32i8))
+        for rg in range(8):
+            acc = ir.Constant(v8i32, None)
+            for c in range(4):
+                base = ((c * 8 + rg) * 2) * 32
+                w0 = builder.load(at(u_p, uoff, base, v32i8.as_pointer()), align=1)
+                w1 = builder.load(at(u_p, uoff, base + 32, v32i8.as_pointer()), align=1)
+                s = builder.add(builder.call(ubsw, [w0, xs[2 * c]]), builder.call(ubsw, [w1, xs[2 * c + 1]]))
+                sc = builder.load(at(s_p, scloff, (c * 8 + rg) * 16, v16i16.as_pointer()), align=2)
+                acc = builder.add(acc, builder.call(wd, [s, sc]))
+            builder.store(acc, at(aux_p, auxoff, rg * 8, v8i32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True)
+def _activation_words_q4k(xw, xq, n, nsb):  # pragma: no cover - numba
+    """xw[t, ((s * 8 + l) * 4 + c) * 2 + h] = the bytes x[p], x[p + 8], x[p + 32], x[p + 40] of
+    p = 256 s + 64 c + l + 16 h (little-endian uint32)."""
+    for t in range(n):
+        for s in range(nsb):
+            for lane in range(8):
+                for c in range(4):
+                    for h in range(2):
+                        p = s * 256 + c * 64 + lane + 16 * h
+                        b0 = np.uint32(np.uint8(xq[t, p]))
+                        b1 = np.uint32(np.uint8(xq[t, p + 8]))
+                        b2 = np.uint32(np.uint8(xq[t, p + 32]))
+                        b3 = np.uint32(np.uint8(xq[t, p + 40]))
+                        w = b0 | (b1 << np.uint32(8)) | (b2 << np.uint32(16)) | (b3 << np.uint32(24))
+                        xw[t, ((s * 8 + lane) * 4 + c) * 2 + h] = w
+
+
+@numba.njit(cache=True)
+def _unpack_q4k(u, scl, qs, sc, nsb):  # pragma: no cover - numba
+    """One tile: u[((((s * 8 + l) * 4 + c) * 8 + rg) * 2 + h) * 32 + 4 i + {0..3}] = lo(b), lo(b + 8),
+    hi(b), hi(b + 8) of chunk byte b = l + 16 h, row 8 rg + i; scl[((s * 4 + c) * 8 + rg) * 16 + 2 i + {0, 1}]
+    = the scales of sub-blocks 2c, 2c + 1 of that row."""
+    for s in range(nsb):
+        for c in range(4):
+            for rg in range(8):
+                for i in range(8):
+                    r = rg * 8 + i
+                    o = ((s * 4 + c) * 8 + rg) * 16 + 2 * i
+                    scl[o] = sc[(s * 8 + 2 * c) * 64 + r]
+                    scl[o + 1] = sc[(s * 8 + 2 * c + 1) * 64 + r]
+        for lane in range(8):
+            for c in range(4):
+                for rg in range(8):
+                    for h in range(2):
+                        b = lane + 16 * h
+                        q0 = (s * 128 + c * 32 + b) * 64 + rg * 8
+                        q1 = q0 + 8 * 64
+                        o = ((((s * 8 + lane) * 4 + c) * 8 + rg) * 2 + h) * 32
+                        for i in range(8):
+                            v0 = qs[q0 + i]
+                            v1 = qs[q1 + i]
+                            u[o + 4 * i] = v0 & 15
+                            u[o + 4 * i + 1] = v1 & 15
+                            u[o + 4 * i + 2] = v0 >> 4
+                            u[o + 4 * i + 3] = v1 >> 4
+
+
+@numba.njit(cache=True, parallel=True)
+def mm_q4k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # pragma: no cover - numba
+    """out[n, rows] for Q4_K against Q8_K activations; arguments as ``kquants.mv_q4k``."""
+    xw = np.empty((n, nsb * 64), np.uint32)
+    _activation_words_q4k(xw, xq, n, nsb)
+    for g in prange(qs.shape[0]):
+        u = np.empty(nsb * 256 * 64, np.uint8)
+        scl = np.empty(nsb * 4 * 8 * 16, np.int16)
+        _unpack_q4k(u, scl, qs[g], sc[g], nsb)
+        y = np.empty(64, np.float32)
+        sums = np.empty(8 * 64, np.float32)
+        aux = np.empty(8 * 64, np.int32)
+        isc = np.empty(64, np.int32)
+        for t in range(n):
+            xt = xw[t]
+            for k in range(64):
+                y[k] = float32(0.0)
+            for i in range(8 * 64):
+                sums[i] = float32(0.0)
+            for s in range(nsb):
+                for lane in range(8):
+                    _q4k_lane(aux, lane * 64, u, (s * 8 + lane) * 2048, scl, s * 512, xt, (s * 8 + lane) * 8)  # type: ignore[call-arg]
+                # unsigned indices: signed index arithmetic keeps LLVM from vectorizing the float steps
+                _min_sums(isc, mn[g], xsum[t], uint64(s), uint64(64), 8)
+                _float_step(y, sums, aux, isc, d[g], dmin[g], xd[t, s], uint64(s), uint64(64), 1)
+            _finish(y, sums, uint64(64), 1)
+            r0 = g * 64
+            for k in range(min(64, rows - r0)):
+                out[t, r0 + k] = y[k]
+
+
+# --- Q6_K -----------------------------------------------------------------------------------------------
+#
+# Lane l of sub-block j (16 values, signed scale sc_j) sums a * x at positions 16 j + l and 16 j + 8 + l,
+# with a = q - 32 (q the unsigned 6-bit value). ``pmaddubsw`` multiplies the unsigned q (pair sums <= 2 *
+# 63 * 127, no saturation) and the offset is added back through the activations: per row,
+# aux32[l] = sum_j sc_j * S_j + sum_j sc_j * (-32 * (x_p + x_p+8)). Sub-blocks go two at a time: a row's
+# four bytes (q at 16 j + l, 16 j + 8 + l, 16 j + 16 + l, 16 j + 24 + l) against the broadcast activation
+# bytes, then ``pmaddwd`` with the rows' (sc_j, sc_j+1), and once more with the broadcast offset terms.
+
+
+@intrinsic
+def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff):  # type: ignore[no-untyped-def]
+    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above)."""
+    sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xw, types.intp, bx, types.intp)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        auxoff, uoff, scloff, xoff, bxoff = args[1::2]
+        ptr = [context.make_array(signature.args[i])(context, builder, args[i]).data for i in (0, 2, 4, 6, 8)]
+        aux_p, u_p, s_p, x_p, b_p = ptr
+        i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+        v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+        mod = builder.module
+        ubsw = mod.globals.get("llvm.x86.avx2.pmadd.ub.sw") or ir.Function(
+            mod, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
+        )
+        wd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
+            mod, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd"
+        )
+        undef = ir.Constant(v8i32, ir.Undefined)
+        splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+
+        def at(p, base, off, ty):  # type: ignore[no-untyped-def]
+            return builder.bitcast(builder.gep(p, [builder.add(base, ir.Constant(base.type, off))]), ty)
+
+        def broadcast(p, base, k):  # type: ignore[no-untyped-def]
+            word = builder.load(builder.gep(p, [builder.add(base, ir.Constant(base.type, k))]))
+            return builder.shuffle_vector(
+                builder.insert_element(undef, word, ir.Constant(i32, 0)), undef, splat
+            )
+
+        xs = [builder.bitcast(broadcast(x_p, xoff, jp), v32i8) for jp in range(8)]
+        bs = [builder.bitcast(broadcast(b_p, bxoff, jp), v16i16) for jp in range(8)]
+        for rg in range(8):
+            acc = ir.Constant(v8i32, None)
+            for jp in range(8):
+                w = builder.load(at(u_p, uoff, (jp * 8 + rg) * 32, v32i8.as_pointer()), align=1)
+                sc = builder.load(at(s_p, scloff, (jp * 8 + rg) * 16, v16i16.as_pointer()), align=2)
+                acc = builder.add(acc, builder.call(wd, [builder.call(ubsw, [w, xs[jp]]), sc]))
+                acc = builder.add(acc, builder.call(wd, [sc, bs[jp]]))
+            builder.store(acc, at(aux_p, auxoff, rg * 8, v8i32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True)
+def _activation_words_q6k(xw, bx, xq, n, nsb):  # pragma: no cover - numba
+    """xw[t, (s * 8 + l) * 8 + jp] = the bytes x[p], x[p + 8], x[p + 16], x[p + 24] of p = 256 s + 32 jp + l;
+    bx[t, same] = the int16 pair -32 (x[p] + x[p + 8]), -32 (x[p + 16] + x[p + 24])."""
+    for t in range(n):
+        for s in range(nsb):
+            for lane in range(8):
+                for jp in range(8):
+                    p = s * 256 + jp * 32 + lane
+                    w = np.uint32(0)
+                    for i in range(4):
+                        w |= np.uint32(np.uint8(xq[t, p + 8 * i])) << np.uint32(8 * i)
+                    o = (s * 8 + lane) * 8 + jp
+                    xw[t, o] = w
+                    lo = np.uint32(np.uint16(np.int16(-32 * (int32(xq[t, p]) + int32(xq[t, p + 8])))))
+                    hi = np.uint32(np.uint16(np.int16(-32 * (int32(xq[t, p + 16]) + int32(xq[t, p + 24])))))
+                    bx[t, o] = lo | (hi << np.uint32(16))
+
+
+@numba.njit(cache=True)
+def _unpack_q6k(u, scl, q, sc, nsb):  # pragma: no cover - numba
+    """One tile: u[(((s * 8 + l) * 8 + jp) * 8 + rg) * 32 + 4 i + k] = the unsigned value (a + 32) at
+    position 32 jp + l + 8 k of row 8 rg + i; scl[((s * 8 + jp) * 8 + rg) * 16 + 2 i + {0, 1}] = the scales
+    of sub-blocks 2 jp, 2 jp + 1 of that row."""
+    for s in range(nsb):
+        for jp in range(8):
+            for rg in range(8):
+                for i in range(8):
+                    o = ((s * 8 + jp) * 8 + rg) * 16 + 2 * i
+                    scl[o] = sc[(s * 16 + 2 * jp) * 64 + rg * 8 + i]
+                    scl[o + 1] = sc[(s * 16 + 2 * jp + 1) * 64 + rg * 8 + i]
+        for lane in range(8):
+            for jp in range(8):
+                for rg in range(8):
+                    o = (((s * 8 + lane) * 8 + jp) * 8 + rg) * 32
+                    for k in range(4):
+                        src = (s * 256 + jp * 32 + lane + 8 * k) * 64 + rg * 8
+                        for i in range(8):
+                            u[o + 4 * i + k] = np.uint8(q[src + i] + 32)
+
+
+@numba.njit(cache=True, parallel=True)
+def mm_q6k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # pragma: no cover - numba
+    """out[n, rows] for Q6_K against Q8_K activations; arguments as ``kquants.mv_k8`` (kind 0)."""
+    xw = np.empty((n, nsb * 64), np.uint32)
+    bx = np.empty((n, nsb * 64), np.uint32)
+    _activation_words_q6k(xw, bx, xq, n, nsb)
+    for g in prange(q.shape[0]):
+        u = np.empty(nsb * 256 * 64, np.uint8)
+        scl = np.empty(nsb * 8 * 8 * 16, np.int16)
+        _unpack_q6k(u, scl, q[g], sc[g], nsb)
+        y = np.empty(64, np.float32)
+        sums = np.empty(8 * 64, np.float32)
+        aux = np.empty(8 * 64, np.int32)
+        isc = np.empty(64, np.int32)
+        for t in range(n):
+            xt = xw[t]
+            bt = bx[t]
+            for k in range(64):
+                y[k] = float32(0.0)
+            for i in range(8 * 64):
+                sums[i] = float32(0.0)
+            for s in range(nsb):
+                for lane in range(8):
+                    o = (s * 8 + lane) * 8
+                    _q6k_lane(aux, lane * 64, u, o * 8 * 32, scl, s * 1024, xt, o, bt, o)  # type: ignore[call-arg]
+                _float_step(y, sums, aux, isc, d[g], dmin[g], xd[t, s], uint64(s), uint64(64), 0)
+            _finish(y, sums, uint64(64), 0)
+            r0 = g * 64
+            for k in range(min(64, rows - r0)):
+                out[t, r0 + k] = y[k]
