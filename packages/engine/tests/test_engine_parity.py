@@ -1,7 +1,8 @@
 """Greedy text and logits against llama.cpp itself, for both real models (run by `nox -s parity`).
 
-The oracle is llama.cpp built from the same source with SIMD off (ggml's generic kernels), with an f32
-KV cache and flash attention off, the configuration whose arithmetic the engine reproduces (docs/engine.md).
+The oracle is llama.cpp built from the same source with SIMD off (ggml's generic kernels), with flash
+attention off, the configuration whose arithmetic the engine reproduces (docs/engine.md): every prompt with
+an f32 KV cache, and a few with an f16 cache (llama.cpp's default) on both sides.
 Tolerance: none. Logits must be equal to the bit, so the greedy continuations are identical by
 construction; the largest difference seen is printed (`-s`).
 """
@@ -38,7 +39,7 @@ _QUIET_LOG = None
 class Oracle:
     """llama.cpp through llama-cpp-python's low-level API: greedy decoding with logits at each step."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], kv_type: str = "f32") -> None:
         try:
             import llama_cpp
         except ImportError as e:  # pragma: no cover - the parity session installs it
@@ -52,7 +53,7 @@ class Oracle:
         self.model = lc.llama_model_load_from_file(os.fsencode(path), lc.llama_model_default_params())
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 512, 512
-        cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
+        cp.type_k = cp.type_v = {"f32": 0, "f16": 1}[kv_type]  # GGML_TYPE_F32, GGML_TYPE_F16
         cp.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.ctx = lc.llama_init_from_model(self.model, cp)
         self.vocab = lc.llama_model_get_vocab(self.model)
@@ -87,20 +88,35 @@ class Oracle:
 @pytest.fixture(scope="module", params=["smollm2_path", "gemma3_path"])
 def pair(request: pytest.FixtureRequest):
     path = request.getfixturevalue(request.param)
-    with LLM(path, n_ctx=512, n_parallel=1) as llm:
-        yield llm, Oracle(path)
+    with LLM(path, n_ctx=512, n_parallel=1, cache_type_k="f32", cache_type_v="f32") as llm:
+        yield llm, Oracle(path, "f32")
+
+
+@pytest.fixture(scope="module", params=["smollm2_path", "gemma3_path"])
+def pair_f16(request: pytest.FixtureRequest):
+    path = request.getfixturevalue(request.param)
+    with LLM(path, n_ctx=512, n_parallel=1) as llm:  # the default cache type, f16
+        yield llm, Oracle(path, "f16")
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_text_and_logits_equal_llama_cpp(pair, prompt: str) -> None:
-    llm, oracle = pair
+    _check_greedy(*pair, prompt)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_f16_cache_greedy_text_and_logits_equal_llama_cpp(pair_f16, prompt: str) -> None:
+    _check_greedy(*pair_f16, prompt)
+
+
+def _check_greedy(llm: LLM, oracle: Oracle, prompt: str) -> None:
     ids = llm.tokenize(prompt)
     expected, ref_logits = oracle.greedy(ids, N_GEN)
     got = list(llm.generate(ids, max_tokens=N_GEN, temperature=0.0))
     eos_dropped = expected[: len(got)] == got and len(expected) == len(got) + 1
     assert got == expected or eos_dropped  # the engine does not emit the end-of-generation token
     model = llm.engine.model
-    kv = model.make_kv_cache(512)
+    kv = model.make_kv_cache(512, type_k=llm.engine.kv.type_k, type_v=llm.engine.kv.type_v)
     logits, _ = model.forward(Batch.single(ids), kv)
     worst = 0.0
     for i, ref in enumerate(ref_logits):

@@ -89,3 +89,18 @@ def test_reusable_prefix_respects_windows() -> None:
     kv.pools[1].seq_rm(0, 0, 5)  # the windowed pool lost positions 0-4
     assert kv.reusable_prefix(0, 10) == 10  # positions 6..9 are still there for a token at 10
     assert kv.reusable_prefix(0, 6) == 0  # a token at 6 needs 3..5: gone, so recompute
+
+
+def test_cache_types_f16_default_f32_and_unsupported() -> None:
+    kv = KVCache(8, 2, 4)
+    assert kv.pools[0].k[0].dtype == np.float16 and kv.pools[0].v[1].dtype == np.float16
+    kv32 = KVCache(8, 2, 4, type_k="f32", type_v="f16")
+    assert kv32.pools[0].k[0].dtype == np.float32 and kv32.pools[0].v[0].dtype == np.float16
+    assert kv32.nbytes == 2 * 8 * 4 * (4 + 2)
+    # stores round to nearest even, as ggml's f32 -> f16 copy
+    x = np.array([1.0 + 2**-11, 1.0 + 3 * 2**-11, 65520.0, -1e-8], np.float32)
+    with np.errstate(over="ignore"):  # 65520 rounds up to f16's infinity, as in ggml
+        kv.pools[0].k[0][0] = x
+    assert kv.pools[0].k[0][0].tolist() == [1.0, 1.0 + 2**-9, float("inf"), -0.0]
+    with pytest.raises(ValueError, match="'q8_0'.*supported are f16, f32"):
+        KVCache(8, 2, 4, type_k="q8_0")

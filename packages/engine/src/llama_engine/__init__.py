@@ -7,7 +7,16 @@ with LLM("SmolLM2-135M-Instruct.Q4_1.gguf") as llm:
 """
 
 from .batch import Batch
-from .engine import Engine, EngineConfig, QueueFullError, RequestHandle
+from .engine import (
+    EmbeddingHandle,
+    Engine,
+    EngineConfig,
+    QueueFullError,
+    RequestCancelledError,
+    RequestHandle,
+    SlotFileResult,
+    SlotInfo,
+)
 from .llm import LLM
 from .requests import (
     EmbeddingRequest,
@@ -20,12 +29,15 @@ from .requests import (
     Usage,
 )
 from .sampling import SamplingParams
+from .scheduler import SlotState
+from .state_file import StateFileError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
     "Batch",
+    "EmbeddingHandle",
     "EmbeddingRequest",
     "Engine",
     "EngineConfig",
@@ -33,8 +45,13 @@ __all__ = [
     "GenerationRequest",
     "Pooling",
     "QueueFullError",
+    "RequestCancelledError",
     "RequestHandle",
     "SamplingParams",
+    "SlotFileResult",
+    "SlotInfo",
+    "SlotState",
+    "StateFileError",
     "StopReason",
     "Timings",
     "TokenEvent",

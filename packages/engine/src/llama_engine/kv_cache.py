@@ -18,12 +18,22 @@ import numpy as np
 if TYPE_CHECKING:
     from .batch import Batch
 
-__all__ = ["MAX_SEQUENCES", "CellPool", "KVCache", "KVCacheFullError", "ShiftK"]
+__all__ = ["KV_TYPES", "MAX_SEQUENCES", "CellPool", "KVCache", "KVCacheFullError", "ShiftK"]
 
 # Re-rotates the keys of `cells` in one layer's key array by a position delta: (layer, k, cells, delta).
 ShiftK = Callable[[int, np.ndarray, np.ndarray, int], None]
 
 MAX_SEQUENCES = 64  # sequence sets are uint64 bitmasks
+
+# Cache element types (llama.cpp's --cache-type-k/-v names): f16 is llama.cpp's default and half the memory.
+KV_TYPES: dict[str, type[np.floating]] = {"f16": np.float16, "f32": np.float32}
+
+
+def kv_dtype(name: str) -> type[np.floating]:
+    """The numpy type of a cache type name; ValueError naming the supported ones otherwise."""
+    if name not in KV_TYPES:
+        raise ValueError(f"unsupported KV cache type {name!r}: supported are {', '.join(KV_TYPES)}")
+    return KV_TYPES[name]
 
 
 class KVCacheFullError(RuntimeError):
@@ -42,12 +52,21 @@ class _Ranges:
 class CellPool:
     """Cells for a group of layers: keys/values [n_cells, kv_dim] per layer, positions, sequence sets."""
 
-    def __init__(self, n_cells: int, layers: list[int], kv_dim: int, window: int | None) -> None:
+    def __init__(
+        self,
+        n_cells: int,
+        layers: list[int],
+        kv_dim: int,
+        window: int | None,
+        type_k: str = "f16",
+        type_v: str = "f16",
+    ) -> None:
         self.n_cells = n_cells
         self.layers = layers
         self.window = window  # None: full attention; else a token at p sees cells with p - pos < window
-        self.k = {il: np.zeros((n_cells, kv_dim), np.float32) for il in layers}
-        self.v = {il: np.zeros((n_cells, kv_dim), np.float32) for il in layers}
+        # stores round to the cache type (f32 -> f16 to nearest even, as ggml_cpy)
+        self.k = {il: np.zeros((n_cells, kv_dim), kv_dtype(type_k)) for il in layers}
+        self.v = {il: np.zeros((n_cells, kv_dim), kv_dtype(type_v)) for il in layers}
         self.pos = np.full(n_cells, -1, np.int32)
         self.seqs = np.zeros(n_cells, np.uint64)
         self._free = list(range(n_cells - 1, -1, -1))  # a stack: lowest index allocated first
@@ -189,6 +208,28 @@ class CellPool:
         mine = np.concatenate([np.setdiff1d(cells, shared, assume_unique=True), fresh]).astype(np.int32)
         self._seq_cells[seq] = mine[np.argsort(self.pos[mine], kind="stable")]
 
+    def seq_export(self, seq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of `seq`'s positions [n] and keys and values [n_layers, n, kv_dim] (layers in order)."""
+        cells = self.seq_cells(seq)
+        k = np.stack([self.k[il][cells] for il in self.layers])
+        v = np.stack([self.v[il][cells] for il in self.layers])
+        return self.pos[cells].copy(), k, v
+
+    def n_available(self, seq: int) -> int:
+        """Cells free once `seq` is removed: the free ones plus those only `seq` sees."""
+        cells = self.seq_cells(seq)
+        own = int(np.count_nonzero(self.seqs[cells] == (np.uint64(1) << np.uint64(seq))))
+        return self.n_free + own
+
+    def seq_import(self, seq: int, pos: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Give the (empty) sequence `seq` new cells at `pos` holding keys/values [n_layers, n, kv_dim]."""
+        if not len(pos):
+            return
+        cells = self.place(np.full(len(pos), seq, np.int32), pos.astype(np.int32))
+        for i, il in enumerate(self.layers):
+            self.k[il][cells] = k[i]
+            self.v[il][cells] = v[i]
+
     def clear(self) -> None:
         self.pos[:] = -1
         self.seqs[:] = 0
@@ -233,19 +274,22 @@ class KVCache:
         n_seq_max: int = 1,
         n_ubatch: int = 512,
         swa_full: bool = False,
+        type_k: str = "f16",
+        type_v: str = "f16",
     ) -> None:
         if n_seq_max > MAX_SEQUENCES:
             raise ValueError(f"at most {MAX_SEQUENCES} sequences share one KV cache, asked for {n_seq_max}")
         self.n_ctx = n_ctx
+        self.type_k, self.type_v = type_k, type_v
         full_layers = [il for il in range(n_layer) if il not in swa_layers]
         self.pools: list[CellPool] = []
         self._pool_of: dict[int, CellPool] = {}
         if full_layers:
-            self._add_pool(CellPool(n_ctx, full_layers, kv_dim, None))
+            self._add_pool(CellPool(n_ctx, full_layers, kv_dim, None, type_k, type_v))
         if swa_layers:
             assert window is not None and window > 0
             size = n_ctx if swa_full else min(n_ctx, n_seq_max * window + n_ubatch)
-            self._add_pool(CellPool(size, sorted(swa_layers), kv_dim, window))
+            self._add_pool(CellPool(size, sorted(swa_layers), kv_dim, window, type_k, type_v))
 
     def _add_pool(self, pool: CellPool) -> None:
         self.pools.append(pool)
@@ -298,6 +342,33 @@ class KVCache:
     def clear(self) -> None:
         for p in self.pools:
             p.clear()
+
+    def seq_export(self, seq: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per pool, copies of `seq`'s positions, keys and values (see CellPool.seq_export)."""
+        return [p.seq_export(seq) for p in self.pools]
+
+    def seq_import(self, seq: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Replace `seq`'s cells by `parts` (positions, keys, values per pool). All or nothing: when a pool
+        has too few cells, KVCacheFullError is raised and `seq` is left as it was."""
+        if len(parts) != len(self.pools):
+            raise ValueError(f"{len(parts)} pools of state for a cache of {len(self.pools)}")
+        parts = list(parts)
+        for i, (p, (pos, k, v)) in enumerate(zip(self.pools, parts, strict=True)):
+            if p.n_available(seq) < len(pos):
+                p._reclaim_outside_windows()
+            if p.n_available(seq) < len(pos) and p.window is not None and len(pos):
+                # a smaller windowed pool than the writer's: keep what the next token (or the last one,
+                # evaluated again) can attend to; a shorter reuse recomputes from the start
+                keep = pos >= pos[-1] + 1 - p.window
+                pos = pos[keep]
+                parts[i] = (pos, k[:, keep], v[:, keep])
+            if p.n_available(seq) < len(pos):
+                raise KVCacheFullError(
+                    f"the KV cache has {p.n_available(seq)} cells for this slot, the state needs {len(pos)}"
+                )
+        self.seq_rm(seq)
+        for p, (pos, k, v) in zip(self.pools, parts, strict=True):
+            p.seq_import(seq, pos, k, v)
 
     def reusable_prefix(self, seq: int, n_tokens: int) -> int:
         """How many of the first `n_tokens` positions of `seq` can be kept: every pool must cover them."""

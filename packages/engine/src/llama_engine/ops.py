@@ -115,7 +115,7 @@ def _dot_f32_f64(a: np.ndarray, ao: int, b: np.ndarray, bo: int, n: int) -> np.f
     a double sum of 64-256 float products rounds to the same float in all but ~1e-7 of cases.)"""
     acc = 0.0
     for d in range(n):
-        acc += np.float64(a[ao + d] * b[bo + d])
+        acc += np.float64(_widen(a[ao + d]) * b[bo + d])  # type: ignore[call-arg,var-annotated]
     return np.float32(acc)
 
 
@@ -140,14 +140,45 @@ def attention(
     As ggml_mul_mat(k, q) -> ggml_soft_max_ext -> ggml_mul_mat(v, kq): KQ dots in double, scaled in
     float; softmax through ggml_v_expf (SSE2) four at a time with the SSE2 horizontal sum, in double;
     KQV sums in double over the cells in order. Few tokens run on one thread: starting the thread pool
-    costs more than a decode step's attention.
+    costs more than a decode step's attention. An f16 cache (k, v float16) computes as ggml does with
+    f16 K and V: q rounded to f16 for the KQ dots, the probabilities rounded to f16 for the KQV sums.
     """
-    kernel = _attention_parallel if n >= 4 else _attention_serial
-    kernel(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, np.float32(scale))
+    if k.dtype == np.float16:  # ggml_mul_mat(k f16, q): q converted to k's vec_dot type, f16
+        k = k.view(np.uint16)
+        q = q.astype(np.float16).astype(np.float32)
+    p16 = v.dtype == np.float16  # ggml_mul_mat(v f16, kq): the probabilities converted to f16
+    if p16:
+        v = v.view(np.uint16)
+    sc = np.float32(scale)
+    if n < 4:
+        _attention_serial(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc, p16)
+        return
+    starts = _token_blocks(lo, hi, n)
+    _attention_blocked(
+        out, q, k, v, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, sc, p16
+    )
+
+
+# Tokens per block of the batched kernel: their query heads of one KV head share each K and V row read.
+_TOKEN_BLOCK = 8
+
+
+def _token_blocks(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
+    """Block starts (plus n at the end): runs of at most _TOKEN_BLOCK consecutive tokens whose cell ranges
+    overlap (one sequence's tokens; another sequence's range starts a new block)."""
+    lo, hi = lo[:n], hi[:n]
+    new = np.ones(n, bool)
+    new[1:] = (lo[1:] < lo[:-1]) | (lo[1:] >= hi[:-1])
+    starts: list[int] = []
+    for s in [*np.flatnonzero(new).tolist(), n]:
+        while starts and s - starts[-1] > _TOKEN_BLOCK:
+            starts.append(starts[-1] + _TOKEN_BLOCK)
+        starts.append(s)
+    return np.asarray(starts, np.int64)
 
 
 @numba.njit(cache=True)
-def _attend(out, q, k, v, cells, lo, hi, t, h, n_head, n_head_kv, head_dim, sc):  # type: ignore[no-untyped-def]
+def _attend(out, q, k, v, cells, lo, hi, t, h, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
     """One token, one head: see `attention`."""
     kh = h // (n_head // n_head_kv)
     qo = h * head_dim
@@ -161,35 +192,144 @@ def _attend(out, q, k, v, cells, lo, hi, t, h, n_head, n_head_kv, head_dim, sc):
         w[j] = s
         if s > mx:
             mx = s
-    total = 0.0
-    for g in range(0, padded, 4):
-        e0 = _expf_sse2(w[g] - mx) if g < length else np.float32(0.0)
-        e1 = _expf_sse2(w[g + 1] - mx) if g + 1 < length else np.float32(0.0)
-        e2 = _expf_sse2(w[g + 2] - mx) if g + 2 < length else np.float32(0.0)
-        e3 = _expf_sse2(w[g + 3] - mx) if g + 3 < length else np.float32(0.0)
-        w[g], w[g + 1], w[g + 2], w[g + 3] = e0, e1, e2, e3
-        total += np.float64((e0 + e1) + (e2 + e3))
-    inv = np.float32(1.0 / total)
+    inv = _softmax_sse2(w, 0, length, mx)
     acc = np.zeros(head_dim, np.float64)
     for j in range(length):
         p = w[j] * inv
+        if p16:
+            p = _round_f16(p)  # type: ignore[call-arg,var-annotated]
         row = v[cells[lo[t] + j]]
         for d in range(head_dim):
-            acc[d] += np.float64(row[ko + d] * p)
+            acc[d] += np.float64(_widen(row[ko + d]) * p)  # type: ignore[call-arg,var-annotated]
     for d in range(head_dim):
         out[t, qo + d] = np.float32(acc[d])
 
 
 @numba.njit(cache=True)
-def _attention_serial(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc):  # type: ignore[no-untyped-def]
+def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
+    """w[o:o+length] <- exp(w - mx) through ggml_v_expf four at a time, summed as ggml_vec_soft_max_f32
+    (SSE2 horizontal sum of each group, then in double); returns 1 / sum in float32."""
+    total = 0.0
+    for g in range(0, length - length % 4, 4):
+        e0 = _expf_sse2(w[o + g] - mx)
+        e1 = _expf_sse2(w[o + g + 1] - mx)
+        e2 = _expf_sse2(w[o + g + 2] - mx)
+        e3 = _expf_sse2(w[o + g + 3] - mx)
+        w[o + g], w[o + g + 1], w[o + g + 2], w[o + g + 3] = e0, e1, e2, e3
+        total += np.float64((e0 + e1) + (e2 + e3))
+    rest = length % 4
+    if rest:  # the tail group, padded with exp(-inf) = 0
+        g = length - rest
+        e = np.zeros(4, np.float32)
+        for i in range(rest):
+            e[i] = _expf_sse2(w[o + g + i] - mx)
+            w[o + g + i] = e[i]
+        total += np.float64((e[0] + e[1]) + (e[2] + e[3]))
+    return np.float32(1.0 / total)
+
+
+@numba.njit(cache=True)
+def _attention_serial(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
     for th in range(n * n_head):
-        _attend(out, q, k, v, cells, lo, hi, th // n_head, th % n_head, n_head, n_head_kv, head_dim, sc)
+        _attend(out, q, k, v, cells, lo, hi, th // n_head, th % n_head, n_head, n_head_kv, head_dim, sc, p16)
 
 
 @numba.njit(cache=True, parallel=True)
-def _attention_parallel(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc):  # type: ignore[no-untyped-def]
-    for th in prange(n * n_head):
-        _attend(out, q, k, v, cells, lo, hi, th // n_head, th % n_head, n_head, n_head_kv, head_dim, sc)
+def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
+    """The same numbers as `_attend` for every token and head, computed per (KV head, token block): the
+    block's query heads are the vector lanes, so each K and V row is read once for all of them, and every
+    dot product and output element still sums over the dimension, then the cells, in order."""
+    group = n_head // n_head_kv
+    for job in prange(n_head_kv * n_blocks):
+        kh = job % n_head_kv
+        blk = job // n_head_kv
+        t0 = starts[blk]
+        nt = starts[blk + 1] - t0
+        lanes = nt * group
+        jlo = lo[t0]
+        jhi = hi[t0]
+        for i in range(nt):
+            jlo = min(jlo, lo[t0 + i])
+            jhi = max(jhi, hi[t0 + i])
+        span = max(jhi - jlo, 0)
+        ko = kh * head_dim
+        # lane = i * group + g: token t0 + i, query head kh * group + g
+        qt = np.empty((head_dim, lanes), np.float32)
+        for i in range(nt):
+            for g in range(group):
+                qo = (kh * group + g) * head_dim
+                for d in range(head_dim):
+                    qt[d, i * group + g] = q[t0 + i, qo + d]
+        w = np.empty((lanes, span), np.float32)
+        acc = np.empty(lanes, np.float64)
+        for j in range(span):
+            krow = k[cells[jlo + j]]
+            acc[:] = 0.0
+            for d in range(head_dim):
+                kd = _widen(krow[ko + d])  # type: ignore[call-arg,var-annotated]
+                for a in range(lanes):
+                    acc[a] += np.float64(kd * qt[d, a])
+            for a in range(lanes):
+                w[a, j] = np.float32(acc[a]) * sc
+        inv = np.empty(lanes, np.float32)
+        for a in range(lanes):
+            t = t0 + a // group
+            o = lo[t] - jlo
+            length = hi[t] - lo[t]
+            mx = np.float32(-np.inf)
+            for j in range(o, o + length):
+                if w[a, j] > mx:
+                    mx = w[a, j]
+            inv[a] = _softmax_sse2(w[a], o, length, mx)
+        # the probabilities, zero outside each lane's cells (adding a zero product leaves a sum unchanged)
+        pm = np.zeros((span, lanes), np.float32)
+        for a in range(lanes):
+            t = t0 + a // group
+            for j in range(lo[t] - jlo, hi[t] - jlo):
+                p = w[a, j] * inv[a]
+                if p16:
+                    p = _round_f16(p)  # type: ignore[call-arg,var-annotated]
+                pm[j, a] = p
+        kqvt = np.zeros((head_dim, lanes), np.float64)
+        for j in range(span):
+            vrow = v[cells[jlo + j]]
+            pj = pm[j]
+            for d in range(head_dim):
+                vd = _widen(vrow[ko + d])  # type: ignore[call-arg,var-annotated]
+                kd = kqvt[d]
+                for a in range(lanes):
+                    kd[a] += np.float64(vd * pj[a])
+        for i in range(nt):
+            for g in range(group):
+                qo = (kh * group + g) * head_dim
+                for d in range(head_dim):
+                    out[t0 + i, qo + d] = np.float32(kqvt[d, i * group + g])
+
+
+@intrinsic
+def _widen(typingctx, x):  # type: ignore[no-untyped-def]
+    """A cache element as float32: float32 as is; uint16 holds fp16 bits (an f16 KV cache), widened exactly
+    (vcvtph2ps where the CPU has F16C)."""
+    if x == types.float32:
+        return types.float32(x), lambda context, builder, signature, args: args[0]
+    if x == types.uint16:
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+        return types.float32(x), codegen
+    return None
+
+
+@intrinsic
+def _round_f16(typingctx, x):  # type: ignore[no-untyped-def]
+    """float32 -> the nearest fp16 (ties to even) -> float32: ggml's fp32_to_fp16 and back."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
 
 
 @intrinsic
@@ -234,16 +374,16 @@ def _expf_sse2(x: np.float32) -> np.float32:
     nn = z - r
     b = x - nn * _LN2_HI
     b = b - nn * _LN2_LO
-    e = np.uint32(_f32_bits(z) << np.uint32(23))  # type: ignore[call-arg]
-    kk = _bits_f32(np.uint32(e + np.uint32(0x3F800000)))  # type: ignore[call-arg]
+    e = np.uint32(_f32_bits(z) << np.uint32(23))  # type: ignore[call-arg,var-annotated]
+    kk = _bits_f32(np.uint32(e + np.uint32(0x3F800000)))  # type: ignore[call-arg,var-annotated]
     u = b * b
     j = ((_P0 * b + _P1) * u + (_P2 * b + _P3)) * u + _P4 * b
     an = abs(nn)
     if not an > np.float32(126.0):
         return j * kk + kk
     g = np.uint32(0x82000000) if nn <= np.float32(0.0) else np.uint32(0)
-    s1 = _bits_f32(np.uint32(g + np.uint32(0x7F000000)))  # type: ignore[call-arg]
-    s2 = _bits_f32(np.uint32(e - g))  # type: ignore[call-arg]
+    s1 = _bits_f32(np.uint32(g + np.uint32(0x7F000000)))  # type: ignore[call-arg,var-annotated]
+    s2 = _bits_f32(np.uint32(e - g))  # type: ignore[call-arg,var-annotated]
     if an > np.float32(192.0):
         return s1 * s1
     return (s2 * j + s2) * s1

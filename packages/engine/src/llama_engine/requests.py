@@ -41,7 +41,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One completion: prompt token ids, sampling, and the conditions that end it."""
 
     prompt: list[int]
-    max_tokens: int = -1  # -1: until end-of-generation or the context is full
+    max_tokens: int = -1  # -1: until end-of-generation or the context is full; 0: evaluate the prompt only
     sampling: SamplingParams = SamplingParams()
     stop: list[str] = []
     cache_prompt: bool = True  # reuse a cached prefix (this slot's or another's)
@@ -49,6 +49,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     n_keep: int = 0  # tokens kept at the start when the context shifts
     context_shift: bool = False  # shift (drop half after n_keep) instead of stopping when the context is full
     post_sampling_probs: bool = False  # n_probs after the sampler chain instead of over the raw logits
+    timings_per_token: bool = False  # every TokenEvent carries the request's timings so far
 
 
 class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,12 +76,14 @@ class Timings(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 class TokenEvent(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     """One generated token: its id, the text it completes (may be empty while UTF-8 or a possible stop
-    string is held back), and the top probabilities when asked for."""
+    string is held back), the top probabilities when asked for, and the timings so far when the request
+    asked for `timings_per_token` (predicted_ms runs to this token)."""
 
     token: int
     text: str
     prob: float = 0.0
     top: list[tuple[int, float]] = []
+    timings: Timings | None = None
 
 
 class FinalEvent(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):

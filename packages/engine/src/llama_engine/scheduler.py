@@ -216,6 +216,10 @@ class Scheduler:
             if s.state == SlotState.PROMPT:
                 s.state = SlotState.GENERATE
                 s.t_prompt_done = time.perf_counter()
+                assert s.request is not None
+                if s.request.max_tokens == 0:  # llama.cpp's n_predict = 0: the prompt only, no token
+                    self._finish(s, StopReason.LENGTH)
+                    continue
             self._advance(s, logits[row])
 
     def _advance(self, s: Slot, row: np.ndarray) -> None:
@@ -235,7 +239,8 @@ class Scheduler:
         text = s.held + s.detok.feed(token)  # type: ignore[attr-defined]
         emit_text, held, stop_word = _split_stop(text, req.stop)
         s.held = held
-        s.emit(TokenEvent(token, emit_text, prob, top))
+        timings = self._timings(s, time.perf_counter()) if req.timings_per_token else None
+        s.emit(TokenEvent(token, emit_text, prob, top, timings))
         if stop_word:
             self._finish(s, StopReason.STOP_WORD, stop_word)
         elif 0 <= req.max_tokens <= s.n_generated:
@@ -297,11 +302,15 @@ class Scheduler:
             timings = Timings(0, 0.0, 0, 0.0, 0)
             usage = Usage(len(req.prompt), 0, 0)
         else:
-            t_prompt = (s.t_prompt_done or now) - s.t_start
-            t_gen = now - s.t_prompt_done if s.t_prompt_done else 0.0
-            timings = Timings(s.n_prompt - s.n_cached, t_prompt * 1e3, s.n_generated, t_gen * 1e3, s.n_cached)
+            timings = self._timings(s, now)
             usage = Usage(s.n_prompt, s.n_generated, s.n_cached)
         return FinalEvent(reason, usage, timings, text=text, stop_word=stop_word, error=error, slot=emit_slot)
+
+    @staticmethod
+    def _timings(s: Slot, now: float) -> Timings:
+        t_prompt = (s.t_prompt_done or now) - s.t_start
+        t_gen = now - s.t_prompt_done if s.t_prompt_done else 0.0
+        return Timings(s.n_prompt - s.n_cached, t_prompt * 1e3, s.n_generated, t_gen * 1e3, s.n_cached)
 
 
 def _split_stop(text: str, stops: list[str]) -> tuple[str, str, str]:

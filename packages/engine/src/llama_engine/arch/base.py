@@ -219,7 +219,13 @@ class DecoderModel:
     # -- cache -------------------------------------------------------------------------------------------
 
     def make_kv_cache(
-        self, n_ctx: int, n_seq_max: int = 1, n_ubatch: int = 512, swa_full: bool = False
+        self,
+        n_ctx: int,
+        n_seq_max: int = 1,
+        n_ubatch: int = 512,
+        swa_full: bool = False,
+        type_k: str = "f16",
+        type_v: str = "f16",
     ) -> KVCache:
         c = self.config
         return KVCache(
@@ -231,6 +237,8 @@ class DecoderModel:
             n_seq_max=n_seq_max,
             n_ubatch=n_ubatch,
             swa_full=swa_full,
+            type_k=type_k,
+            type_v=type_v,
         )
 
     def rope_cache(self, il: int, n_pos: int) -> np.ndarray:
@@ -245,7 +253,7 @@ class DecoderModel:
     def shift_k(self, il: int, k: np.ndarray, cells: np.ndarray, delta: int) -> None:
         """Rotate cached keys by `delta` positions (RoPE is a rotation, so this re-positions them)."""
         c = self.config
-        rows = np.ascontiguousarray(k[cells])
+        rows = k[cells].astype(np.float32)  # an f16 cache rotates in float and stores back rounded (ggml)
         table = self.rope_cache(il, abs(delta) + 1)
         if delta < 0:
             table = table.copy()

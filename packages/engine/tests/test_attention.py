@@ -1,0 +1,78 @@
+"""ops.attention: the batched kernel (token blocks sharing K/V reads) gives the numbers of the one-token
+kernel bit for bit, for mixed sequences, sliding windows, grouped heads and both cache types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llama_engine import ops
+
+
+def _ranges(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Three sequences in one batch: a prompt chunk after 380 cached cells, a windowed sequence (window
+    50) continuing at 250, and single decode tokens of a third one, cells scattered over the cache."""
+    n_cells = 1000
+    cells = rng.permutation(n_cells).astype(np.int32)
+    lo = np.empty(n, np.int32)
+    hi = np.empty(n, np.int32)
+    a, b = n // 2, n // 2 + n // 3
+    for t in range(a):  # sequence A: cells[0:400]
+        lo[t], hi[t] = 0, 380 - a + t + 1
+    for t in range(a, b):  # sequence B: cells[400:700], window 50
+        hi[t] = 400 + 250 + (t - a) + 1
+        lo[t] = max(400, hi[t] - 50)
+    for t in range(b, n):  # sequence C: cells[700:1000], one decode token each (same position)
+        lo[t], hi[t] = 700, 700 + 200
+    return cells, lo, hi, n_cells
+
+
+@pytest.mark.parametrize("kv_type", [np.float32, np.float16])
+@pytest.mark.parametrize(
+    ("n_head", "n_head_kv", "head_dim"), [(9, 3, 64), (4, 1, 256), (4, 2, 16), (2, 2, 24)]
+)
+def test_blocked_equals_one_token_kernel(n_head: int, n_head_kv: int, head_dim: int, kv_type: type) -> None:
+    rng = np.random.default_rng(head_dim)
+    n = 41
+    cells, lo, hi, n_cells = _ranges(n, rng)
+    k = rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(kv_type)
+    v = rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(kv_type)
+    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
+    batched = np.empty((n, n_head * head_dim), np.float32)
+    ops.attention(batched, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.125)
+    for t in range(n):  # fewer than 4 tokens take the one-token kernel
+        one = np.empty((1, n_head * head_dim), np.float32)
+        ops.attention(
+            one,
+            q[t : t + 1],
+            k,
+            v,
+            cells,
+            lo[t : t + 1],
+            hi[t : t + 1],
+            1,
+            n_head,
+            n_head_kv,
+            head_dim,
+            0.125,
+        )
+        np.testing.assert_array_equal(one[0], batched[t])
+
+
+def test_f16_cache_rounds_queries_and_probabilities() -> None:
+    """With f16 K/V, q and the probabilities are rounded to f16 (ggml converts mul_mat's src1 to the
+    weights' vec_dot type): the result is the f32-cache result on those rounded operands."""
+    rng = np.random.default_rng(0)
+    n, n_cells, d = 5, 64, 32
+    k = rng.standard_normal((n_cells, d)).astype(np.float16)
+    v = rng.standard_normal((n_cells, d)).astype(np.float16)
+    q = rng.standard_normal((n, d)).astype(np.float32)
+    cells = np.arange(n_cells, dtype=np.int32)
+    lo, hi = np.zeros(n, np.int32), np.full(n, n_cells, np.int32)
+    out16 = np.empty((n, d), np.float32)
+    ops.attention(out16, q, k, v, cells, lo, hi, n, 1, 1, d, 0.2)
+    out32 = np.empty((n, d), np.float32)
+    q16 = q.astype(np.float16).astype(np.float32)
+    ops.attention(out32, q16, k.astype(np.float32), v.astype(np.float32), cells, lo, hi, n, 1, 1, d, 0.2)
+    assert not np.array_equal(out16, out32)  # the probabilities' rounding shows
+    np.testing.assert_allclose(out16, out32, rtol=0, atol=2e-3)
