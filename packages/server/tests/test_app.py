@@ -23,7 +23,7 @@ from llama_engine import (
     Usage,
 )
 from llama_engine.tokenizer import Tokenizer
-from llama_server import ApiError, ServerConfig, ServerState, create_app
+from llama_server import ServerConfig, ServerState, create_app
 from llama_server.bridge import Run
 
 
@@ -35,8 +35,11 @@ class FullEngine:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.gguf = SimpleNamespace(metadata={})
-        self.scheduler = SimpleNamespace(slots=[], waiting=[])
         self.steps = 0
+        self.n_waiting = 0
+
+    def slots(self) -> list:
+        return []
 
     def submit(self, req, on_event=None):
         raise QueueFullError("64 requests are already waiting")
@@ -98,7 +101,13 @@ def test_disabled_endpoints():
         assert_error(c.post("/embedding", json={"content": "x"}), 501, "not_supported_error")
         assert_error(c.get("/slots"), 501, "not_supported_error")
         assert_error(c.post("/props", json={}), 501, "not_supported_error")
-        assert_error(c.post("/slots/0?action=erase"), 501, "not_supported_error")
+        for action in ("erase", "save", "restore"):  # every action needs --slot-save-path
+            r = c.post(f"/slots/0?action={action}", json={"filename": "a.bin"})
+            err = assert_error(r, 501, "not_supported_error")
+            assert (
+                err["message"]
+                == "This server does not support slots action. Start it with `--slot-save-path`"
+            )
 
 
 def test_cors_localhost_only():
@@ -151,26 +160,6 @@ class HoldingEngine(FullEngine):
         return h
 
 
-def test_inflight_bound_answers_503(tokenizer):
-    """The server bounds requests in flight (slots + --max-queue) itself, whatever the engine's inbox holds."""
-    engine = HoldingEngine(tokenizer)
-    st = ServerState(ServerConfig(model="m.gguf", n_parallel=1, max_queue=1), engine=engine)
-    req = GenerationRequest(prompt=[1, 2, 3], max_tokens=1)
-
-    async def main() -> None:
-        a, b = Run(st), Run(st)
-        a.submit_all([req])
-        b.submit_all([req])
-        with pytest.raises(ApiError) as e:
-            Run(st).submit_all([req])
-        assert e.value.code == 503 and e.value.headers == {"Retry-After": "1"}
-        engine.handles[0]._emit(FinalEvent(StopReason.EOS, Usage(3, 1), Timings(3, 1.0, 1, 1.0, 0)))
-        Run(st).submit_all([req])  # room again
-        assert st.inflight == 2
-
-    asyncio.run(main())
-
-
 def test_keepalive_ping_and_event_bridge(tokenizer):
     """Events emitted on another thread arrive in order on the loop; idle periods yield pings (None)."""
     engine = HoldingEngine(tokenizer)
@@ -193,4 +182,3 @@ def test_keepalive_ping_and_event_bridge(tokenizer):
     assert items[0] is None  # a keep-alive before the first token
     events = [ev for item in items if item is not None for ev in [item[1]]]
     assert isinstance(events[0], TokenEvent) and isinstance(events[1], FinalEvent)
-    assert st.inflight == 0

@@ -90,3 +90,14 @@ def test_port_zero_picks_a_free_port(captured):
     r = CliRunner().invoke(main, ["--port", "0"])
     assert r.exit_code == 0, r.output
     assert "fd" in captured and _cfg(captured).port > 0
+
+
+def test_cache_types(captured):
+    r = CliRunner().invoke(main, [])
+    assert r.exit_code == 0, r.output
+    assert (_cfg(captured).cache_type_k, _cfg(captured).cache_type_v) == ("f16", "f16")  # llama.cpp's default
+    r = CliRunner().invoke(main, ["-ctk", "f32"], env={"LLAMA_ARG_CACHE_TYPE_V": "f32"})
+    assert r.exit_code == 0, r.output
+    assert (_cfg(captured).cache_type_k, _cfg(captured).cache_type_v) == ("f32", "f32")
+    r = CliRunner().invoke(main, ["--cache-type-v", "q4_0"])
+    assert r.exit_code != 0 and "'q4_0' is not supported" in r.output

@@ -4,17 +4,20 @@ Handlers never touch the model: they submit typed requests and read events. The 
 handle's `on_event` from its own thread; `loop.call_soon_threadsafe` moves the event onto an asyncio
 queue read by the handler. A client that goes away cancels its requests (`RequestHandle.cancel`), so the
 slot is freed at the next engine step.
+
+`IOTimeouts` wraps the whole ASGI app: `--timeout` as cpp-httplib's read and write timeouts, so a client that
+stops sending its request body, or stops reading the response, cannot hold a connection (and a slot) forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, TypeAlias, TypeVar
-
-import msgspec
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from llama_engine import (
     FinalEvent,
@@ -30,10 +33,16 @@ from llama_engine import (
 from .errors import ApiError
 from .state import ServerState, SlotRecord
 
-__all__ = ["Event", "Run", "until_disconnect"]
+__all__ = ["Cancellable", "Event", "IOTimeouts", "Run", "until_disconnect"]
+
+log = logging.getLogger("llama_server")
 
 Event: TypeAlias = TokenEvent | FinalEvent
 T = TypeVar("T")
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 class Run:
@@ -47,11 +56,10 @@ class Run:
         self.n = 0
         self.task_ids: list[int] = []
         self._pending: list[tuple[int, Event]] = []
-        self._unreleased = 0
-        self._prompt_only: set[int] = set()
 
     def submit_all(self, requests: list[GenerationRequest]) -> None:
-        """Validate every prompt against the slot context, then queue them all (or none)."""
+        """Validate every prompt against the slot context, then queue them all (or none: when the engine's
+        queue is full part way, the ones already queued are cancelled)."""
         engine = self.state.require_engine()
         n_ctx, n_vocab = engine.n_ctx_slot, engine.tokenizer.n_vocab
         for req in requests:
@@ -66,33 +74,15 @@ class Run:
             if req.prompt and (min(req.prompt) < 0 or max(req.prompt) >= n_vocab):
                 raise ApiError("Prompt contains invalid tokens")
         self.n = len(requests)
-        st = self.state
-        limit = st.config.n_parallel + st.config.max_queue
-        with st.inflight_lock:
-            if st.inflight + len(requests) > limit:
-                raise ApiError(
-                    f"the server is busy ({st.inflight} requests in flight); try again later",
-                    "unavailable_error",
-                    headers={"Retry-After": "1"},
-                )
-            st.inflight += len(requests)
-        self._unreleased = len(requests)
         for i, req in enumerate(requests):
             self.task_ids.append(self.state.task_id())
             if not req.prompt:  # not an error: an empty result
-                self._release(1)
                 empty = FinalEvent(StopReason.EOS, Usage(0, 0, 0), Timings(0, 0.0, 0, 0.0, 0))
                 self.queue.put_nowait((i, empty))
                 continue
-            if req.max_tokens == 0:
-                # n_predict 0 evaluates the prompt only; the engine samples at least one token, which is
-                # dropped here (see _on_event)
-                self._prompt_only.add(i)
-                req = msgspec.structs.replace(req, max_tokens=1)
             try:
                 self.handles.append(engine.submit(req, on_event=partial(self._on_event, i)))
             except QueueFullError as e:
-                self._release(len(requests) - i)
                 self.cancel()
                 raise ApiError(
                     f"the server is busy ({e}); try again later",
@@ -100,31 +90,10 @@ class Run:
                     headers={"Retry-After": "1"},
                 ) from e
             except ValueError as e:
-                self._release(len(requests) - i)
                 self.cancel()
                 raise ApiError(str(e)) from e
 
-    def _release(self, n: int) -> None:
-        with self.state.inflight_lock:
-            n = min(n, self._unreleased)
-            self._unreleased -= n
-            self.state.inflight -= n
-
     def _on_event(self, index: int, ev: Event) -> None:  # called on the engine thread
-        if isinstance(ev, FinalEvent):
-            self._release(1)
-        if index in self._prompt_only:
-            if isinstance(ev, TokenEvent):
-                return
-            t, u = ev.timings, ev.usage
-            ev = msgspec.structs.replace(
-                ev,
-                reason=StopReason.LENGTH if ev.reason != StopReason.ERROR else ev.reason,
-                usage=Usage(u.prompt_tokens, 0, u.cached_tokens),
-                timings=Timings(t.prompt_n, t.prompt_ms, 0, 0.0, t.cache_n),
-                text="",
-                stop_word="",
-            )
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
 
@@ -199,8 +168,8 @@ async def _wait_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
             return
 
 
-async def until_disconnect(receive: Callable[[], Awaitable[Any]], work: Awaitable[T], run: Run) -> T:
-    """Await `work`, cancelling the run's engine requests if the client disconnects first."""
+async def until_disconnect(receive: Callable[[], Awaitable[Any]], work: Awaitable[T], run: Cancellable) -> T:
+    """Await `work`, cancelling the engine requests (`run.cancel()`) if the client disconnects first."""
     work_task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_wait_disconnect(receive))
     try:
@@ -213,3 +182,66 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]], work: Awaitabl
     if not work_task.done() or work_task.cancelled():
         raise ApiError("client disconnected", "invalid_request_error")
     return work_task.result()
+
+
+class IOTimeouts:
+    """The `--timeout` seconds as per-operation limits on one HTTP exchange (cpp-httplib's read and write
+    timeouts, not a limit on the whole request: a long generation is fine as long as data moves).
+
+    Read: each wait for more of the request body. When it passes, the app sees a disconnect and the client
+    gets 408 with `Connection: close`. Write: each send of response data (uvicorn's send waits while the
+    client does not read). When it passes, the connection is dropped; the handler's cleanup cancels its
+    engine requests. Attribute access goes to the wrapped app (`.state` and the like).
+    """
+
+    def __init__(self, app: Any, seconds: float) -> None:
+        self.app = app
+        self.seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.seconds <= 0:
+            await self.app(scope, receive, send)
+            return
+        limit = self.seconds
+        flags = {"body_done": False, "started": False, "read_timeout": False, "write_timeout": False}
+
+        async def timed_receive() -> dict[str, Any]:
+            if flags["body_done"] or flags["read_timeout"]:
+                return await receive()  # only a disconnect comes after the body: no limit on waiting for it
+            try:
+                msg = await asyncio.wait_for(receive(), limit)
+            except TimeoutError:
+                flags["read_timeout"] = True
+                log.info("read timeout (%s s) on %s %s", limit, scope.get("method"), scope.get("path"))
+                return {"type": "http.disconnect"}
+            if msg["type"] != "http.request" or not msg.get("more_body", False):
+                flags["body_done"] = True
+            return msg  # type: ignore[no-any-return]
+
+        async def timed_send(msg: dict[str, Any]) -> None:
+            if flags["read_timeout"] or flags["write_timeout"]:
+                return  # the exchange is over: this wrapper answers (or drops) it
+            if msg["type"] == "http.response.start":
+                flags["started"] = True
+            try:
+                await asyncio.wait_for(send(msg), limit)
+            except TimeoutError:
+                flags["write_timeout"] = True
+                log.info("write timeout (%s s) on %s %s", limit, scope.get("method"), scope.get("path"))
+                raise ConnectionAbortedError("the client did not read the response in time") from None
+
+        try:
+            await self.app(scope, timed_receive, timed_send)
+        except Exception:
+            if not (flags["read_timeout"] or flags["write_timeout"]):
+                raise
+        if flags["read_timeout"] and not flags["started"]:
+            body = json.dumps(
+                {"error": {"code": 408, "message": "Request timeout", "type": "invalid_request_error"}}
+            ).encode()
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            await send({"type": "http.response.start", "status": 408, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from llama_engine import SamplingParams
+from llama_engine.kv_cache import KV_TYPES
 from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
@@ -39,8 +40,6 @@ IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("-sm", "--split-mode"), True),
     (("-ts", "--tensor-split"), True),
     (("-mg", "--main-gpu"), True),
-    (("-ctk", "--cache-type-k"), True),
-    (("-ctv", "--cache-type-v"), True),
     (("-nkvo", "--no-kv-offload"), False),
     (("-kvo", "--kv-offload"), False),
     (("-fit", "--fit"), True),
@@ -108,6 +107,10 @@ def _opts(f: Any) -> Any:
         o("--cache-prompt/--no-cache-prompt", default=True, envvar="LLAMA_ARG_CACHE_PROMPT"),
         o("--warmup/--no-warmup", default=True),
         o("--swa-full", is_flag=True, envvar="LLAMA_ARG_SWA_FULL"),
+        o("-ctk", "--cache-type-k", default="f16", envvar="LLAMA_ARG_CACHE_TYPE_K", show_default=True,
+          help="KV cache type for K: f16 or f32."),
+        o("-ctv", "--cache-type-v", default="f16", envvar="LLAMA_ARG_CACHE_TYPE_V", show_default=True,
+          help="KV cache type for V: f16 or f32."),
         o("--slot-save-path", type=click.Path(file_okay=False), help="Directory for slot save/restore."),
         # HTTP
         o("--host", default="127.0.0.1", envvar="LLAMA_ARG_HOST", show_default=True),
@@ -118,7 +121,8 @@ def _opts(f: Any) -> Any:
           help="File with one API key per line."),
         o("--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE"),
         o("--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE"),
-        o("-to", "--timeout", type=int, default=3600, envvar="LLAMA_ARG_TIMEOUT"),
+        o("-to", "--timeout", type=int, default=3600, envvar="LLAMA_ARG_TIMEOUT", show_default=True,
+          help="Read and write timeout in seconds (a stalled request body or an unread response)."),
         o("--sse-ping-interval", type=int, default=30, envvar="LLAMA_ARG_SSE_PING_INTERVAL"),
         o("--cors-origins", default="*", envvar="LLAMA_ARG_CORS_ORIGINS"),
         o("--cors-methods", default="GET, POST, DELETE, OPTIONS", envvar="LLAMA_ARG_CORS_METHODS"),
@@ -128,6 +132,8 @@ def _opts(f: Any) -> Any:
         o("--props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS", help="Enable POST /props."),
         o("--slots/--no-slots", default=True, envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="GET /slots."),
         o("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI"),
+        o("--path", "static_path", envvar="LLAMA_ARG_STATIC_PATH", type=click.Path(file_okay=False, exists=True),
+          help="Serve static files from this folder instead of the bundled web UI."),
         o("--max-queue", type=int, default=64, help="Requests waiting for a slot before 503 + Retry-After."),
         # chat
         o("--jinja/--no-jinja", default=True, envvar="LLAMA_ARG_JINJA"),
@@ -180,6 +186,15 @@ def _opts(f: Any) -> Any:
     for option in reversed(options):
         f = option(f)
     return _ignored_options(f)
+
+
+def _cache_type(name: str, flag: str) -> str:
+    """llama.cpp's KV cache type names; the quantized ones have no implementation here."""
+    if name not in KV_TYPES:
+        raise click.BadParameter(
+            f"KV cache type {name!r} is not supported: use {' or '.join(KV_TYPES)}", param_hint=flag
+        )
+    return name
 
 
 def _keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
@@ -313,6 +328,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         cache_prompt=kw["cache_prompt"],
         warmup=kw["warmup"],
         swa_full=kw["swa_full"],
+        cache_type_k=_cache_type(kw["cache_type_k"], "--cache-type-k"),
+        cache_type_v=_cache_type(kw["cache_type_v"], "--cache-type-v"),
         max_queue=kw["max_queue"],
         api_keys=_keys(kw["api_key"], kw["api_key_file"]),
         timeout=kw["timeout"],
@@ -325,6 +342,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         endpoint_props=kw["props"],
         endpoint_slots=kw["slots"],
         webui=kw["webui"],
+        static_path=kw["static_path"] or None,
         slot_save_path=kw["slot_save_path"],
         jinja=kw["jinja"],
         chat_template=template,
@@ -368,6 +386,7 @@ def main(**kw: Any) -> None:
     import uvicorn
 
     from .app import create_app
+    from .bridge import IOTimeouts
     from .state import ServerState
 
     cfg = build_config(kw)
@@ -376,7 +395,7 @@ def main(**kw: Any) -> None:
     if cfg.port == 0 and not cfg.host.endswith(".sock"):  # pick a free port, and report the real one
         sock = socket.create_server((cfg.host, 0))
         cfg = dataclasses.replace(cfg, port=sock.getsockname()[1])
-    app = create_app(ServerState(cfg, exit_on_load_error=True))
+    app = IOTimeouts(create_app(ServerState(cfg, exit_on_load_error=True)), cfg.timeout)
     click.echo(
         f"llama-server: loading {cfg.model} (slots: {cfg.n_parallel}, ctx: {cfg.n_ctx or 'model'})", err=True
     )

@@ -46,6 +46,8 @@ class ServerConfig:
     cache_prompt: bool = True
     warmup: bool = True
     swa_full: bool = False
+    cache_type_k: str = "f16"  # KV cache element types (--cache-type-k/-v): f16 or f32
+    cache_type_v: str = "f16"
     max_queue: int = 64  # requests waiting for a slot before 503 + Retry-After
     # HTTP, security, endpoints
     api_keys: tuple[str, ...] = ()
@@ -59,6 +61,7 @@ class ServerConfig:
     endpoint_props: bool = False
     endpoint_slots: bool = True
     webui: bool = True
+    static_path: str | None = None  # --path: serve this folder at / instead of the bundled web UI
     slot_save_path: str | None = None
     max_body_bytes: int = 16 * 1024 * 1024
     # chat template and reasoning

@@ -241,4 +241,5 @@ def build_request(
         n_keep=len(prompt) if _pick(p.n_keep, cfg.n_keep) == -1 else _pick(p.n_keep, cfg.n_keep),
         context_shift=cfg.context_shift,
         post_sampling_probs=bool(p.post_sampling_probs),
+        timings_per_token=bool(p.timings_per_token),
     )

@@ -78,8 +78,6 @@ class ServerState:
     next_task: int = 0
     ready: threading.Event = field(default_factory=threading.Event)
     exit_on_load_error: bool = False
-    inflight: int = 0  # engine requests submitted and not yet final (the server's own bound on the queue)
-    inflight_lock: threading.Lock = field(default_factory=threading.Lock)
     _loader: threading.Thread | None = None
 
     @property
@@ -125,6 +123,8 @@ class ServerState:
                     kv_unified=cfg.kv_unified,
                     warmup=cfg.warmup,
                     swa_full=cfg.swa_full,
+                    cache_type_k=cfg.cache_type_k,
+                    cache_type_v=cfg.cache_type_v,
                 ),
             ).start()
             engine.tokenizer.warmup()

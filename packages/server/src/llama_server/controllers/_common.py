@@ -91,7 +91,7 @@ def generation_settings(
         "generation_prompt": "",
         "samplers": list(s.samplers),
         "speculative.types": "none",
-        "timings_per_token": False,
+        "timings_per_token": req.timings_per_token,
         "post_sampling_probs": req.post_sampling_probs,
         "backend_sampling": False,
         "lora": [],

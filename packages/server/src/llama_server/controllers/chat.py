@@ -173,12 +173,13 @@ class ChatController(Controller):
                             if chat.n_probs and ev.top
                             else {}
                         )
+                        tm = {"timings": timings_json(ev.timings)} if ev.timings is not None else {}
                         if d or lp:
                             if lp:
                                 yield event({"choices": [{"finish_reason": None, "index": i, "delta": d, **lp}], **head,
-                                             "object": "chat.completion.chunk"})  # fmt: skip
+                                             "object": "chat.completion.chunk", **tm})  # fmt: skip
                             else:
-                                yield chunk(i, d)
+                                yield chunk(i, d, None, **tm)
                         continue
                     if ev.reason == StopReason.ERROR:
                         yield event({"error": {"code": 500, "message": ev.error, "type": "server_error"}})

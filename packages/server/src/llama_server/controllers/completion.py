@@ -168,6 +168,8 @@ class CompletionController(Controller):
                             "index": i, "content": ev.text, "tokens": [ev.token], "stop": False, "id_slot": -1,
                             "tokens_predicted": counts[i], "tokens_evaluated": len(reqs[i].prompt),
                         }  # fmt: skip
+                        if ev.timings is not None:  # asked for with timings_per_token
+                            chunk["timings"] = timings_json(ev.timings)
                         if n_probs > 0 and ev.top:
                             chunk["completion_probabilities"] = [prob_entry(tok, ev, post)]
                         yield event(chunk)
@@ -234,8 +236,9 @@ class CompletionController(Controller):
                     if isinstance(ev, TokenEvent):
                         lp = {"content": [prob_entry(tok, ev, post)]} if n_probs > 0 and ev.top else None
                         if ev.text or lp:
+                            tm = {"timings": timings_json(ev.timings)} if ev.timings is not None else {}
                             yield event({"choices": [{"text": ev.text, "index": i, "logprobs": lp,
-                                                      "finish_reason": None}], **head})  # fmt: skip
+                                                      "finish_reason": None}], **head, **tm})  # fmt: skip
                         continue
                     if ev.reason == StopReason.ERROR:
                         yield event({"error": {"code": 500, "message": ev.error, "type": "server_error"}})

@@ -12,6 +12,7 @@ from litestar import Controller, Request, Response, post
 
 from llama_engine import EmbeddingRequest, Pooling
 
+from ..bridge import until_disconnect
 from ..errors import ApiError
 from ..prompts import tokenize_prompts
 from ._common import json_response, read_body, server_state
@@ -89,7 +90,9 @@ class EmbeddingsController(Controller):
         out = []
         for p in prompts:
             req = EmbeddingRequest(prompt=p, pooling=pooling, normalize=normalize)
-            out.append(await asyncio.to_thread(engine.embed, req))
+            handle = engine.submit_embedding(req)
+            # a client that goes away cancels the request (checked by the engine between batches)
+            out.append(await until_disconnect(request.receive, asyncio.to_thread(handle.result), handle))
         n_tokens = sum(len(p) for p in prompts)
         st.metrics.prompt_tokens_total += n_tokens
         return out, n_tokens, pooling

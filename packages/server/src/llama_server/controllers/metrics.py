@@ -25,7 +25,7 @@ class MetricsController(Controller):
             )
         engine = st.require_engine()
         m = st.metrics
-        busy = sum(1 for s in list(engine.scheduler.slots) if int(s.state) != 0)
+        busy = sum(1 for s in engine.slots() if s.is_processing)
         prompt_rate = m.window_prompt_tokens / m.window_prompt_seconds if m.window_prompt_seconds else 0.0
         gen_rate = (
             m.window_predicted_tokens / m.window_predicted_seconds if m.window_predicted_seconds else 0.0
@@ -47,7 +47,7 @@ class MetricsController(Controller):
             ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", prompt_rate),
             ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.", gen_rate),
             ("gauge", "requests_processing", "Number of requests processing.", busy),
-            ("gauge", "requests_deferred", "Number of requests deferred.", len(engine.scheduler.waiting)),
+            ("gauge", "requests_deferred", "Number of requests deferred.", engine.n_waiting),
             ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
              busy),
         ]  # fmt: skip

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+
+from llama_engine import StateFileError
 
 from ..errors import ApiError
 from ._common import json_response, read_body, server_state
@@ -18,8 +22,12 @@ _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]")
 
 def valid_filename(name: str) -> bool:
     """llama.cpp's fs_validate_filename, simplified: a plain file name inside the save directory."""
+    try:
+        size = len(name.encode("utf-8"))  # lone surrogates (from JSON escapes) are not a file name
+    except UnicodeEncodeError:
+        return False
     return (
-        0 < len(name.encode("utf-8", "surrogatepass")) <= 255
+        0 < size <= 255
         and name not in (".", "..")
         and ".." not in name
         and not _BAD_CHARS.search(name)
@@ -43,10 +51,10 @@ class SlotsController(Controller):
         engine = st.require_engine()
         out: list[dict[str, Any]] = []
         any_idle = False
-        for slot in list(engine.scheduler.slots):
-            busy = int(slot.state) != 0
+        for slot in engine.slots():
+            busy = slot.is_processing
             any_idle |= not busy
-            entry: dict[str, Any] = {"id": slot.id, "n_ctx": engine.n_ctx_slot, "speculative": False,
+            entry: dict[str, Any] = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": False,
                                      "is_processing": busy}  # fmt: skip
             rec = st.slots.get(slot.id)
             if rec is not None:
@@ -71,6 +79,7 @@ class SlotsController(Controller):
 
     @post("/slots/{id_slot:str}", status_code=200)
     async def action(self, request: Request) -> Response:
+        """Save, restore or erase a slot's KV cache (each waits until the slot is idle)."""
         st = server_state(request)
         id_slot = str(request.path_params["id_slot"])
         if not st.config.slot_save_path:
@@ -87,9 +96,29 @@ class SlotsController(Controller):
         action = request.query_params.get("action", "")
         if action not in ("save", "restore", "erase"):
             raise ApiError("Invalid action")
+        filename = ""
         if action in ("save", "restore"):
             body: SlotFileBody = await read_body(request, SlotFileBody)
             if not body.filename or not valid_filename(body.filename):
                 raise ApiError("Invalid filename")
-        # The engine does not expose saving, restoring or erasing a sequence's KV cells yet.
-        raise ApiError(f"slot {action} is not supported by this engine yet", "not_supported_error")
+            filename = body.filename
+        engine = st.require_engine()
+        sid %= engine.config.n_parallel  # positive ids wrap, as the reference's
+        if action == "erase":
+            n_erased = await asyncio.to_thread(engine.erase_slot, sid)
+            return json_response({"id_slot": sid, "n_erased": n_erased})
+        path = Path(st.config.slot_save_path) / filename
+        if action == "save":
+            try:
+                res = await asyncio.to_thread(engine.save_slot, sid, path)
+            except OSError as e:
+                raise ApiError(f"Unable to save slot: {e.strerror or e}", "server_error") from None
+            return json_response({"id_slot": sid, "filename": filename, "n_saved": res.n_tokens,
+                                  "n_written": res.n_bytes, "timings": {"save_ms": res.ms}})  # fmt: skip
+        try:
+            res = await asyncio.to_thread(engine.restore_slot, sid, path)
+        except StateFileError as e:
+            raise ApiError(f"Unable to restore slot: {e}") from None
+        st.slots.pop(sid, None)  # the slot's last task is not what it holds any more
+        return json_response({"id_slot": sid, "filename": filename, "n_restored": res.n_tokens,
+                              "n_read": res.n_bytes, "timings": {"restore_ms": res.ms}})  # fmt: skip
