@@ -121,6 +121,7 @@ class DecoderModel:
         assert output is not None
         self.output: ExactMatrix = output
         self._rope: dict[float, np.ndarray] = {}
+        self._acts: dict[int, Activations] = {}
         self._release_pages()
 
     # -- loading -----------------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ class DecoderModel:
             q, k, v = fused[:, :nq], fused[:, nq : nq + nk], fused[:, nq + nk :]
         else:
             assert lw.wq is not None and lw.wk is not None and lw.wv is not None
-            acts = Activations(h.shape[1], h.shape[0]).set(h)  # quantized once for three matrices
+            acts = self.activations(h)  # quantized once for three matrices
             q, k, v = _linear(lw.wq, acts), _linear(lw.wk, acts), _linear(lw.wv, acts)
         if lw.bq is not None:
             q = q + lw.bq
@@ -349,6 +350,15 @@ class DecoderModel:
             o = self.norm(o, lw.post_attn_norm)
         return o
 
+    def activations(self, h: np.ndarray) -> Activations:
+        """``h`` [n, cols] loaded into this model's reusable input buffers for matrices of ``cols`` columns
+        (valid until the next call for the same width: the forward pass uses each before the next)."""
+        n, cols = h.shape
+        acts = self._acts.get(cols)
+        if acts is None or acts.max_tokens < n:
+            acts = self._acts[cols] = Activations(cols, max(n, 1))
+        return acts.set(h)
+
     def scale_q(self, q: np.ndarray) -> np.ndarray:
         return q
 
@@ -363,7 +373,7 @@ class DecoderModel:
             half = both.shape[1] // 2
             gate, up = both[:, :half], both[:, half:]
         else:
-            acts = Activations(h.shape[1], n).set(h)
+            acts = self.activations(h)
             gate, up = _linear(lw.w_gate, acts), _linear(lw.w_up, acts)
         act = np.empty(gate.shape, np.float32)
         if self.activation == "gelu":
