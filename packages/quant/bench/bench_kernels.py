@@ -269,7 +269,7 @@ def check_asm() -> None:
             kq._tile_q45k,
             (f32, b8, b8, b8, b8, f32, f32, s8, f32, xs, 1, i16, i16, i32, i32, R, True),
         ),
-        "Q6_K": (kq._tile_q6k, (f32, b8, b8, s8, f32, s8, f32, 1, i16, i16, i16, i16, i32, R)),
+        "Q6_K": (kq._tile_q6k, (f32, b8, b8, s8, f32, s8, f32, 1, i16, i16, i16, i16, i32)),
         "Q2_K": (kq._tile_q2k, (f32, b8, b8, f32, f32, s8, f32, xs, 1, i16, i16, i16, i16, i32, i32, R)),
         "Q3_K": (kq._tile_q3k, (f32, b8, b8, s8, f32, s8, f32, 1, i16, i16, i16, i16, i32, R)),
     }

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# as the llama-quant command sets it: on a shared machine spinning OpenMP barriers slow every kernel down
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 MATRIX_KINDS = ("normal", "uniform", "outliers", "zero_rows", "tiny", "large")
 

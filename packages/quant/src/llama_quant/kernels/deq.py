@@ -124,29 +124,20 @@ def deq_q6k(wt, ql, qh, sc, d, g0, n, nsb):  # pragma: no cover - numba
                     r2 = wt[e + uint64(32)]
                     r3 = wt[e + uint64(64)]
                     r4 = wt[e + uint64(96)]
-                    for k in range(R):
-                        va = ql[g, o1 + k]
-                        vb = ql[g, o2 + k]
-                        h = qh[g, oh + k]
+                    for k in range(R):  # the regrouped bytes of kq.pack
+                        b0 = ql[g, o1 + k]
+                        b1 = ql[g, o2 + k]
+                        b2 = qh[g, oh + k]
+                        v4 = (b0 >> 6) | ((b1 >> 4) & 12) | ((b2 >> 2) & 48)
                         dd = d[g, s * R + k]
-                        r1[c0 + k] = (
-                            dd * float32(sc[g, so + k]) * float32(int16(va & 15) + int16((h & 3) << 4) - 32)
-                        )
+                        r1[c0 + k] = dd * float32(sc[g, so + k]) * float32(int16(b0 & 63) - 32)
                         r2[c0 + k] = (
-                            dd
-                            * float32(sc[g, so + uint64(2) * R + k])
-                            * float32(int16(vb & 15) + int16((h & 12) << 2) - 32)
+                            dd * float32(sc[g, so + uint64(2) * R + k]) * float32(int16(b1 & 63) - 32)
                         )
                         r3[c0 + k] = (
-                            dd
-                            * float32(sc[g, so + uint64(4) * R + k])
-                            * float32(int16(va >> 4) + int16(h & 48) - 32)
+                            dd * float32(sc[g, so + uint64(4) * R + k]) * float32(int16(b2 & 63) - 32)
                         )
-                        r4[c0 + k] = (
-                            dd
-                            * float32(sc[g, so + uint64(6) * R + k])
-                            * float32(int16(vb >> 4) + int16((h >> 2) & 48) - 32)
-                        )
+                        r4[c0 + k] = dd * float32(sc[g, so + uint64(6) * R + k]) * float32(int16(v4) - 32)
 
 
 @numba.njit(cache=True, fastmath=True)

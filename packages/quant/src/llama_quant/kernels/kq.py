@@ -12,7 +12,11 @@ Repacked layout per tile of 64 rows (``[..., element, row]``, row innermost; nsb
 - Q4_K: qs [G, nsb*4*32*64] (raw bytes: chunk c of 64 values, byte l = value l | value 32+l << 4),
   sc, mn [G, nsb*8*64] uint8 (6-bit scales and mins), d, dmin [G, nsb*64] f32.
 - Q5_K: as Q4_K plus qh [G, nsb*32*64] uint8 (raw: bit 2c / 2c+1 of byte l = 5th bit of chunk c's values).
-- Q6_K: ql [G, nsb*2*64*64], qh [G, nsb*2*32*64] (raw bytes), sc [G, nsb*16*64] int8, d [G, nsb*64] f32.
+- Q6_K: ql [G, nsb*2*64*64], qh [G, nsb*2*32*64], sc [G, nsb*16*64] int8, d [G, nsb*64] f32. The 6-bit quants
+  are regrouped (same 192 bytes per super-block): for the values v1..v4 = e, e+32, e+64, e+96 of one
+  half (e = lq in 0..31) byte lq of ql holds v1 | (v4 & 3) << 6, byte 32+lq holds v2 | (v4 >> 2 & 3) << 6 and
+  qh byte lq holds v3 | (v4 >> 4) << 6: three values decode with one mask each and v4 from the top bits,
+  fewer operations per value than ggml's nibble + 2-bit split.
 - Q2_K: qs [G, nsb*2*32*64] (raw), sc [G, nsb*16*64] uint8 (raw: scale | min << 4), d, dmin f32.
 - Q3_K: qs [G, nsb*2*32*64], hm [G, nsb*32*64] (raw hmask), sc [G, nsb*16*64] int8 (decoded, -32..31), d f32.
 """
@@ -23,10 +27,11 @@ import numba
 import numpy as np
 from numba import float32, int16, int32, prange, uint64
 
-from ._common import N_CHUNKS, f16_field, row_minor, tile_rows
+from ._common import N_CHUNKS, TILE_ROWS, f16_field, row_minor, tile_rows
 
 __all__ = ["mv_q2k", "mv_q3k", "mv_q6k", "mv_q45k", "pack"]
 
+_R = uint64(TILE_ROWS)
 _BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
@@ -61,6 +66,22 @@ def _q3_scales(s: np.ndarray) -> np.ndarray:
     return (out.astype(np.int16) - 32).astype(np.int8)
 
 
+def _q6k_regroup(ql: np.ndarray, qh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's Q6_K ql [..., 128] and qh [..., 64] -> the regrouped bytes of the module doc (same shapes)."""
+    lo = ql.reshape(*ql.shape[:-1], 2, 64)
+    h = qh.reshape(*qh.shape[:-1], 2, 32)
+    va, vb = lo[..., :32], lo[..., 32:]
+    v1 = (va & 15) | ((h & 3) << 4)
+    v2 = (vb & 15) | (((h >> 2) & 3) << 4)
+    v3 = (va >> 4) | (((h >> 4) & 3) << 4)
+    v4 = (vb >> 4) | (((h >> 6) & 3) << 4)
+    b0 = v1 | ((v4 & 3) << 6)
+    b1 = v2 | (((v4 >> 2) & 3) << 6)
+    b2 = v3 | ((v4 >> 4) << 6)
+    new_ql = np.concatenate([b0, b1], axis=-1).astype(np.uint8).reshape(ql.shape)
+    return new_ql, b2.astype(np.uint8).reshape(qh.shape)
+
+
 def pack(name: str, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
     """Raw ggml rows [rows, row_bytes] uint8 -> the tiled arrays the kernels take (see module doc)."""
     nsb = cols // 256
@@ -82,7 +103,8 @@ def pack(name: str, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, 
     if name == "Q6_K":
         d = f16_field(blocks, 208)
         sc = blocks[..., 192:208].view(np.int8)
-        return (row_minor(blocks[..., 0:128]), row_minor(blocks[..., 128:192]), row_minor(sc), row_minor(d))
+        ql, qh = _q6k_regroup(blocks[..., 0:128], blocks[..., 128:192])
+        return (row_minor(ql), row_minor(qh), row_minor(sc), row_minor(d))
     if name == "Q2_K":
         d, dmin = f16_field(blocks, 80), f16_field(blocks, 82)
         return (row_minor(blocks[..., 16:80]), row_minor(blocks[..., 0:16]), row_minor(d), row_minor(dmin))
@@ -220,7 +242,10 @@ def _flush4(isum, sc, so, a1, a2, a3, a4, R):  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, fastmath=True)
-def _tile_q6k(y, ql, qh, sc, d, xq, xd, nsb, a1, a2, a3, a4, isum, R):  # pragma: no cover - numba
+def _tile_q6k(y, ql, qh, sc, d, xq, xd, nsb, a1, a2, a3, a4, isum):  # pragma: no cover - numba
+    # the tile height as a compile-time constant: every row loop has a known trip count of 64 (4 ymm
+    # steps), which LLVM unrolls with no remainder loop or per-entry trip checks (about 14% faster here)
+    R = _R
     for k in range(R):
         y[k] = 0.0
     for s in range(uint64(nsb)):
@@ -241,13 +266,14 @@ def _tile_q6k(y, ql, qh, sc, d, xq, xd, nsb, a1, a2, a3, a4, isum, R):  # pragma
                     o2 = o1 + uint64(32) * R
                     oh = ho + lq * R
                     for k in range(R):
-                        va = ql[o1 + k]
-                        vb = ql[o2 + k]
-                        h = qh[oh + k]
-                        a1[k] += (int16(va & 15) + int16((h & 3) << 4) - int16(32)) * x1
-                        a2[k] += (int16(vb & 15) + int16((h & 12) << 2) - int16(32)) * x2
-                        a3[k] += (int16(va >> 4) + int16(h & 48) - int16(32)) * x3
-                        a4[k] += (int16(vb >> 4) + int16((h >> 2) & 48) - int16(32)) * x4
+                        b0 = ql[o1 + k]
+                        b1 = ql[o2 + k]
+                        b2 = qh[oh + k]
+                        v4 = (b0 >> 6) | ((b1 >> 4) & 12) | ((b2 >> 2) & 48)
+                        a1[k] += (int16(b0 & 63) - int16(32)) * x1
+                        a2[k] += (int16(b1 & 63) - int16(32)) * x2
+                        a3[k] += (int16(b2 & 63) - int16(32)) * x3
+                        a4[k] += (int16(v4) - int16(32)) * x4
                 # sub-blocks of 16: n*8 + (l >= 16) + {0, 2, 4, 6}
                 _flush4(
                     isum, sc, (s * uint64(16) + n * uint64(8) + (part >> uint64(1))) * R, a1, a2, a3, a4, R
@@ -395,7 +421,7 @@ def mv_q45k(out, qs, qh, sc, mn, d, dm, xq, xd, xs, n, rows, nsb, five):  # prag
 def mv_q6k(out, ql, qh, sc, d, xq, xd, n, rows, nsb):  # pragma: no cover - numba
     """Q6_K against Q8_K activations."""
     G = ql.shape[0]
-    R = uint64(d.shape[1] // nsb)
+    R = uint64(d.shape[1] // nsb)  # == TILE_ROWS (pack); a constant here would let numba hoist the buffers
     for c in prange(N_CHUNKS):
         a1 = np.zeros(R, np.int16)
         a2 = np.zeros(R, np.int16)
@@ -405,7 +431,7 @@ def mv_q6k(out, ql, qh, sc, d, xq, xd, n, rows, nsb):  # pragma: no cover - numb
         y = np.empty(R, np.float32)
         for g in range(G * c // N_CHUNKS, G * (c + 1) // N_CHUNKS):
             for t in range(n):
-                _tile_q6k(y, ql[g], qh[g], sc[g], d[g], xq[t], xd[t], nsb, a1, a2, a3, a4, isum, R)
+                _tile_q6k(y, ql[g], qh[g], sc[g], d[g], xq[t], xd[t], nsb, a1, a2, a3, a4, isum)
                 _store(out, y, t, g, rows, R)
 
 
