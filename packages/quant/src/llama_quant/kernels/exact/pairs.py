@@ -303,37 +303,6 @@ def _unpack_q4k(u, scl, qs, sc, nsb):  # pragma: no cover - numba
                             u[o + 4 * i + 3] = v1 >> 4
 
 
-@numba.njit(cache=True, parallel=True)
-def mm_q4k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # pragma: no cover - numba
-    """out[n, rows] for Q4_K against Q8_K activations; arguments as ``kquants.mv_q4k``."""
-    xw = np.empty((n, nsb * 64), np.uint32)
-    _activation_words_q4k(xw, xq, n, nsb)
-    for g in prange(qs.shape[0]):
-        u = np.empty(nsb * 256 * 64, np.uint8)
-        scl = np.empty(nsb * 4 * 8 * 16, np.int16)
-        _unpack_q4k(u, scl, qs[g], sc[g], nsb)
-        y = np.empty(64, np.float32)
-        sums = np.empty(8 * 64, np.float32)
-        aux = np.empty(8 * 64, np.int32)
-        isc = np.empty(64, np.int32)
-        for t in range(n):
-            xt = xw[t]
-            for k in range(64):
-                y[k] = float32(0.0)
-            for i in range(8 * 64):
-                sums[i] = float32(0.0)
-            for s in range(nsb):
-                for lane in range(8):
-                    _q4k_lane(aux, lane * 64, u, (s * 8 + lane) * 2048, scl, s * 512, xt, (s * 8 + lane) * 8)  # type: ignore[call-arg]
-                # unsigned indices: signed index arithmetic keeps LLVM from vectorizing the float steps
-                _min_sums(isc, mn[g], xsum[t], uint64(s), uint64(64), 8)
-                _float_step(y, sums, aux, isc, d[g], dmin[g], xd[t, s], uint64(s), uint64(64), 1)
-            _finish(y, sums, uint64(64), 1)
-            r0 = g * 64
-            for k in range(min(64, rows - r0)):
-                out[t, r0 + k] = y[k]
-
-
 # --- Q6_K -----------------------------------------------------------------------------------------------
 #
 # Lane l of sub-block j (16 values, signed scale sc_j) sums a * x at positions 16 j + l and 16 j + 8 + l,
@@ -430,16 +399,33 @@ def _unpack_q6k(u, scl, q, sc, nsb):  # pragma: no cover - numba
                             u[o + 4 * i + k] = np.uint8(q[src + i] + 32)
 
 
-@numba.njit(cache=True, parallel=True)
-def mm_q6k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # pragma: no cover - numba
+def mm_q4k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # type: ignore[no-untyped-def]
+    """out[n, rows] for Q4_K against Q8_K activations; arguments as ``kquants.mv_q4k``."""
+    _mm_k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, False)
+
+
+def mm_q6k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # type: ignore[no-untyped-def]
     """out[n, rows] for Q6_K against Q8_K activations; arguments as ``kquants.mv_k8`` (kind 0)."""
+    _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, True)
+
+
+@numba.njit(cache=True, parallel=True)
+def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: no cover - numba
+    """The K types' driver: q6 selects Q6_K's layouts and lane kernel (else Q4_K's, with its mins)."""
     xw = np.empty((n, nsb * 64), np.uint32)
-    bx = np.empty((n, nsb * 64), np.uint32)
-    _activation_words_q6k(xw, bx, xq, n, nsb)
+    bx = np.empty((n, nsb * 64 if q6 else 0), np.uint32)
+    if q6:
+        _activation_words_q6k(xw, bx, xq, n, nsb)
+    else:
+        _activation_words_q4k(xw, xq, n, nsb)
+    kind = 0 if q6 else 1
     for g in prange(q.shape[0]):
         u = np.empty(nsb * 256 * 64, np.uint8)
-        scl = np.empty(nsb * 8 * 8 * 16, np.int16)
-        _unpack_q6k(u, scl, q[g], sc[g], nsb)
+        scl = np.empty(nsb * (8 if q6 else 4) * 8 * 16, np.int16)
+        if q6:
+            _unpack_q6k(u, scl, q[g], sc[g], nsb)
+        else:
+            _unpack_q4k(u, scl, q[g], sc[g], nsb)
         y = np.empty(64, np.float32)
         sums = np.empty(8 * 64, np.float32)
         aux = np.empty(8 * 64, np.int32)
@@ -454,9 +440,15 @@ def mm_q6k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # pragma: no c
             for s in range(nsb):
                 for lane in range(8):
                     o = (s * 8 + lane) * 8
-                    _q6k_lane(aux, lane * 64, u, o * 8 * 32, scl, s * 1024, xt, o, bt, o)  # type: ignore[call-arg]
-                _float_step(y, sums, aux, isc, d[g], dmin[g], xd[t, s], uint64(s), uint64(64), 0)
-            _finish(y, sums, uint64(64), 0)
+                    if q6:
+                        _q6k_lane(aux, lane * 64, u, o * 8 * 32, scl, s * 1024, xt, o, bt, o)  # type: ignore[call-arg]
+                    else:
+                        _q4k_lane(aux, lane * 64, u, o * 256, scl, s * 512, xt, o)  # type: ignore[call-arg]
+                # unsigned indices: signed index arithmetic keeps LLVM from vectorizing the float steps
+                if not q6:
+                    _min_sums(isc, mn[g], xsum[t], uint64(s), uint64(64), 8)
+                _float_step(y, sums, aux, isc, d[g], dmin[g], xd[t, s], uint64(s), uint64(64), kind)
+            _finish(y, sums, uint64(64), kind)
             r0 = g * 64
             for k in range(min(64, rows - r0)):
                 out[t, r0 + k] = y[k]
