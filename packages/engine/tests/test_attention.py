@@ -1,5 +1,6 @@
-"""ops.attention: the batched kernel (token blocks sharing K/V reads) gives the numbers of the one-token
-kernel bit for bit, for mixed sequences, sliding windows, grouped heads and both cache types."""
+"""ops.attention: a token's numbers do not depend on the batch around it (prompt blocks take the
+many-lane path, single tokens the few-lane one), for mixed sequences, sliding windows, grouped heads and
+both cache types; and the f16 cache rounds as ggml does."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def _ranges(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, n
 @pytest.mark.parametrize(
     ("n_head", "n_head_kv", "head_dim"), [(9, 3, 64), (4, 1, 256), (4, 2, 16), (2, 2, 24)]
 )
-def test_blocked_equals_one_token_kernel(n_head: int, n_head_kv: int, head_dim: int, kv_type: type) -> None:
+def test_batched_equals_one_token_at_a_time(
+    n_head: int, n_head_kv: int, head_dim: int, kv_type: type
+) -> None:
     rng = np.random.default_rng(head_dim)
     n = 41
     cells, lo, hi, n_cells = _ranges(n, rng)
@@ -40,7 +43,7 @@ def test_blocked_equals_one_token_kernel(n_head: int, n_head_kv: int, head_dim: 
     q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
     batched = np.empty((n, n_head * head_dim), np.float32)
     ops.attention(batched, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.125)
-    for t in range(n):  # fewer than 4 tokens take the one-token kernel
+    for t in range(n):
         one = np.empty((1, n_head * head_dim), np.float32)
         ops.attention(
             one,

@@ -13,7 +13,7 @@ import math
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import prange, types, uint64
 from numba.extending import intrinsic
 
 __all__ = [
@@ -109,16 +109,6 @@ def rope(
                 x[t, b] = x0 * s + x1 * c
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "nsz"})
-def _dot_f32_f64(a: np.ndarray, ao: int, b: np.ndarray, bo: int, n: int) -> np.float32:
-    """ggml_vec_dot_f32 without SIMD: float products summed in double. (Summed here in any order:
-    a double sum of 64-256 float products rounds to the same float in all but ~1e-7 of cases.)"""
-    acc = 0.0
-    for d in range(n):
-        acc += np.float64(_widen(a[ao + d]) * b[bo + d])  # type: ignore[call-arg,var-annotated]
-    return np.float32(acc)
-
-
 def attention(
     out: np.ndarray,
     q: np.ndarray,
@@ -137,10 +127,9 @@ def attention(
 
     out, q: [n, n_head * head_dim]; k, v: [n_cells, n_head_kv * head_dim] (one layer of the cache);
     token t attends to cells[lo[t]:hi[t]] (position order). Grouped-query heads share a KV head.
-    As ggml_mul_mat(k, q) -> ggml_soft_max_ext -> ggml_mul_mat(v, kq): KQ dots in double, scaled in
-    float; softmax through ggml_v_expf (SSE2) four at a time with the SSE2 horizontal sum, in double;
-    KQV sums in double over the cells in order. Few tokens run on one thread: starting the thread pool
-    costs more than a decode step's attention. An f16 cache (k, v float16) computes as ggml does with
+    As ggml_mul_mat(k, q) -> ggml_soft_max_ext -> ggml_mul_mat(v, kq): KQ dots summed in double over
+    the dimension in order, scaled in float; softmax through ggml_v_expf (SSE2) four at a time with the
+    SSE2 horizontal sum, in double; KQV sums in double over the cells in order. An f16 cache (k, v float16) computes as ggml does with
     f16 K and V: q rounded to f16 for the KQ dots, the probabilities rounded to f16 for the KQV sums.
     """
     if k.dtype == np.float16:  # ggml_mul_mat(k f16, q): q converted to k's vec_dot type, f16
@@ -150,9 +139,6 @@ def attention(
     if p16:
         v = v.view(np.uint16)
     sc = np.float32(scale)
-    if n < 4:
-        _attention_serial(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc, p16)
-        return
     starts = _token_blocks(lo, hi, n)
     _attention_blocked(
         out, q, k, v, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, sc, p16
@@ -178,34 +164,6 @@ def _token_blocks(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _attend(out, q, k, v, cells, lo, hi, t, h, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
-    """One token, one head: see `attention`."""
-    kh = h // (n_head // n_head_kv)
-    qo = h * head_dim
-    ko = kh * head_dim
-    length = hi[t] - lo[t]
-    padded = (length + 3) // 4 * 4
-    w = np.zeros(padded, np.float32)
-    mx = np.float32(-np.inf)
-    for j in range(length):
-        s = _dot_f32_f64(k[cells[lo[t] + j]], ko, q[t], qo, head_dim) * sc
-        w[j] = s
-        if s > mx:
-            mx = s
-    inv = _softmax_sse2(w, 0, length, mx)
-    acc = np.zeros(head_dim, np.float64)
-    for j in range(length):
-        p = w[j] * inv
-        if p16:
-            p = _round_f16(p)  # type: ignore[call-arg,var-annotated]
-        row = v[cells[lo[t] + j]]
-        for d in range(head_dim):
-            acc[d] += np.float64(_widen(row[ko + d]) * p)  # type: ignore[call-arg,var-annotated]
-    for d in range(head_dim):
-        out[t, qo + d] = np.float32(acc[d])
-
-
-@numba.njit(cache=True)
 def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
     """w[o:o+length] <- exp(w - mx) through ggml_v_expf four at a time, summed as ggml_vec_soft_max_f32
     (SSE2 horizontal sum of each group, then in double); returns 1 / sum in float32."""
@@ -228,17 +186,13 @@ def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
     return np.float32(1.0 / total)
 
 
-@numba.njit(cache=True)
-def _attention_serial(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
-    for th in range(n * n_head):
-        _attend(out, q, k, v, cells, lo, hi, th // n_head, th % n_head, n_head, n_head_kv, head_dim, sc, p16)
-
-
 @numba.njit(cache=True, parallel=True)
 def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
-    """The same numbers as `_attend` for every token and head, computed per (KV head, token block): the
-    block's query heads are the vector lanes, so each K and V row is read once for all of them, and every
-    dot product and output element still sums over the dimension, then the cells, in order."""
+    """Attention (see `attention`) per KV head and token block, with
+    the block's query heads as lanes: every dot product and output element sums over the dimension, then
+    the cells, in ggml's order. Many lanes (a prompt) are the vector lanes, so each K and V row is read once
+    for all of them; few lanes (decoding) run one at a time over a transposed K block, vectorized over the
+    cells for K.Q and over the dimension for V."""
     group = n_head // n_head_kv
     for job in prange(n_head_kv * n_blocks):
         kh = job % n_head_kv
@@ -261,16 +215,10 @@ def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_
                 for d in range(head_dim):
                     qt[d, i * group + g] = q[t0 + i, qo + d]
         w = np.empty((lanes, span), np.float32)
-        acc = np.empty(lanes, np.float64)
-        for j in range(span):
-            krow = k[cells[jlo + j]]
-            acc[:] = 0.0
-            for d in range(head_dim):
-                kd = _widen(krow[ko + d])  # type: ignore[call-arg,var-annotated]
-                for a in range(lanes):
-                    acc[a] += np.float64(kd * qt[d, a])
-            for a in range(lanes):
-                w[a, j] = np.float32(acc[a]) * sc
+        if lanes >= _MANY_LANES:
+            _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc)
+        else:
+            _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc)
         inv = np.empty(lanes, np.float32)
         for a in range(lanes):
             t = t0 + a // group
@@ -281,29 +229,103 @@ def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_
                 if w[a, j] > mx:
                     mx = w[a, j]
             inv[a] = _softmax_sse2(w[a], o, length, mx)
-        # the probabilities, zero outside each lane's cells (adding a zero product leaves a sum unchanged)
-        pm = np.zeros((span, lanes), np.float32)
-        for a in range(lanes):
-            t = t0 + a // group
-            for j in range(lo[t] - jlo, hi[t] - jlo):
-                p = w[a, j] * inv[a]
-                if p16:
-                    p = _round_f16(p)  # type: ignore[call-arg,var-annotated]
-                pm[j, a] = p
-        kqvt = np.zeros((head_dim, lanes), np.float64)
-        for j in range(span):
-            vrow = v[cells[jlo + j]]
-            pj = pm[j]
-            for d in range(head_dim):
-                vd = _widen(vrow[ko + d])  # type: ignore[call-arg,var-annotated]
-                kd = kqvt[d]
-                for a in range(lanes):
-                    kd[a] += np.float64(vd * pj[a])
+        kqv = np.zeros((lanes, head_dim), np.float64)
+        if lanes >= _MANY_LANES:
+            _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16)
+        else:
+            _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, t0, group, ko, head_dim, lanes, p16)
         for i in range(nt):
             for g in range(group):
                 qo = (kh * group + g) * head_dim
                 for d in range(head_dim):
-                    out[t0 + i, qo + d] = np.float32(kqvt[d, i * group + g])
+                    out[t0 + i, qo + d] = np.float32(kqv[i * group + g, d])
+
+
+_MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vector dimension
+
+
+# The inner loops index row views with unsigned counters: a signed index makes numba check for negative
+# (wrap-around) indices, and that keeps LLVM from vectorizing the loop.
+
+
+@numba.njit(cache=True, inline="always")
+def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignore[no-untyped-def]
+    acc = np.empty(lanes, np.float64)
+    nl = uint64(lanes)
+    for j in range(span):
+        krow = k[cells[jlo + j], ko : ko + head_dim]
+        acc[:] = 0.0
+        for d in range(uint64(head_dim)):
+            kd = _widen(krow[d])  # type: ignore[call-arg,var-annotated]
+            qd = qt[d]
+            for a in range(nl):
+                acc[a] += np.float64(kd * qd[a])
+        for a in range(lanes):
+            w[a, j] = np.float32(acc[a]) * sc
+
+
+@numba.njit(cache=True, inline="always")
+def _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignore[no-untyped-def]
+    kt = np.empty((head_dim, span), np.float32)
+    for j in range(span):
+        krow = k[cells[jlo + j], ko : ko + head_dim]
+        for d in range(uint64(head_dim)):
+            kt[d, j] = _widen(krow[d])  # type: ignore[call-arg]
+    acc = np.empty(span, np.float64)
+    ns = uint64(span)
+    for a in range(lanes):
+        acc[:] = 0.0
+        for d in range(head_dim):
+            qd = qt[d, a]
+            ktd = kt[d]
+            for j in range(ns):
+                acc[j] += np.float64(ktd[j] * qd)
+        wa = w[a]
+        for j in range(ns):
+            wa[j] = np.float32(acc[j]) * sc
+
+
+@numba.njit(cache=True, inline="always")
+def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16):  # type: ignore[no-untyped-def]
+    # the probabilities, zero outside each lane's cells (adding a zero product leaves a sum unchanged)
+    pm = np.zeros((span, lanes), np.float32)
+    for a in range(lanes):
+        t = t0 + a // group
+        for j in range(lo[t] - jlo, hi[t] - jlo):
+            pm[j, a] = _prob(w[a, j], inv[a], p16)
+    kqvt = np.zeros((head_dim, lanes), np.float64)
+    nl = uint64(lanes)
+    for j in range(span):
+        vrow = v[cells[jlo + j], ko : ko + head_dim]
+        pj = pm[j]
+        for d in range(uint64(head_dim)):
+            vd = _widen(vrow[d])  # type: ignore[call-arg,var-annotated]
+            kd = kqvt[d]
+            for a in range(nl):
+                kd[a] += np.float64(vd * pj[a])
+    for a in range(lanes):
+        for d in range(head_dim):
+            kqv[a, d] = kqvt[d, a]
+
+
+@numba.njit(cache=True, inline="always")
+def _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, t0, group, ko, head_dim, lanes, p16):  # type: ignore[no-untyped-def]
+    hd = uint64(head_dim)
+    for a in range(lanes):
+        t = t0 + a // group
+        ka = kqv[a]
+        for j in range(lo[t] - jlo, hi[t] - jlo):
+            p = _prob(w[a, j], inv[a], p16)
+            vrow = v[cells[jlo + j], ko : ko + head_dim]
+            for d in range(hd):
+                ka[d] += np.float64(_widen(vrow[d]) * p)  # type: ignore[call-arg]
+
+
+@numba.njit(cache=True, inline="always")
+def _prob(e, inv, p16):  # type: ignore[no-untyped-def]
+    """A softmax output as mul_mat(v, kq) reads it: e * (1 / sum), rounded to f16 for an f16 V cache."""
+    p = e * inv
+    return _round_f16(p) if p16 else p  # type: ignore[call-arg]
 
 
 @intrinsic
