@@ -149,18 +149,18 @@ def attention(
 _TOKEN_BLOCK = 8
 
 
+@numba.njit(cache=True)
 def _token_blocks(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
     """Block starts (plus n at the end): runs of at most _TOKEN_BLOCK consecutive tokens whose cell ranges
     overlap (one sequence's tokens; another sequence's range starts a new block)."""
-    lo, hi = lo[:n], hi[:n]
-    new = np.ones(n, bool)
-    new[1:] = (lo[1:] < lo[:-1]) | (lo[1:] >= hi[:-1])
-    starts: list[int] = []
-    for s in [*np.flatnonzero(new).tolist(), n]:
-        while starts and s - starts[-1] > _TOKEN_BLOCK:
-            starts.append(starts[-1] + _TOKEN_BLOCK)
-        starts.append(s)
-    return np.asarray(starts, np.int64)
+    starts = np.empty(n + 1, np.int64)
+    m = 0
+    for t in range(n):
+        if t == 0 or lo[t] < lo[t - 1] or lo[t] >= hi[t - 1] or t - starts[m - 1] >= _TOKEN_BLOCK:
+            starts[m] = t
+            m += 1
+    starts[m] = n
+    return starts[: m + 1]
 
 
 @numba.njit(cache=True)
