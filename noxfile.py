@@ -4,6 +4,7 @@
     python3 -m nox -s tests        # every package's tests in one environment
     python3 -m nox -s tests-quant  # one package
     python3 -m nox -s bench        # benchmark tables (never part of the tests)
+    python3 -m nox -s webui        # build the web UI, check the committed build, unit and browser tests
 
 Packages are always installed from their folders, in dependency order: some of our distribution names
 (`gguf-io`, `llama-server`) are also taken on PyPI by unrelated projects.
@@ -11,13 +12,15 @@ Packages are always installed from their folders, in dependency order: some of o
 
 from __future__ import annotations
 
+import filecmp
+import tempfile
 from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests", "parity"]
+nox.options.sessions = ["lint", "typecheck", "tests", "parity", "webui"]
 
 ROOT = Path(__file__).parent
 # folder -> the folders it depends on, in install order (arrows point down DESIGN.md's table).
@@ -25,7 +28,8 @@ PACKAGES: dict[str, list[str]] = {
     "gguf-io": [],
     "quant": ["gguf-io"],
     "engine": ["gguf-io", "quant"],
-    "server": ["gguf-io", "quant", "engine"],
+    "webui": [],
+    "server": ["gguf-io", "quant", "engine", "webui"],
 }
 # Packages with tests marked `parity` (they need the oracle below).
 PARITY: list[str] = ["quant", "engine"]
@@ -133,3 +137,44 @@ def bench(session: nox.Session) -> None:
     for package in PACKAGES:
         for script in sorted((ROOT / "packages" / package / "bench").glob("bench_*.py")):
             session.run("python", str(script), *session.posargs)
+
+
+WEBUI = ROOT / "packages" / "webui"
+WEBUI_STATIC = WEBUI / "src" / "llama_webui" / "static"
+
+
+def _tree_diff(a: Path, b: Path) -> list[str]:
+    """Paths that differ between two folders (missing on one side or with other bytes)."""
+    files_a = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
+    files_b = {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
+    changed = [p for p in files_a & files_b if not filecmp.cmp(a / p, b / p, shallow=False)]
+    return sorted(str(p) for p in (files_a ^ files_b) | set(changed))
+
+
+@nox.session
+def webui(session: nox.Session) -> None:
+    """The web UI: npm ci, a fresh build that must equal the committed one, type and format checks,
+    vitest, browser tests.
+
+    The browser tests drive Debian's `chromium` (headless) against a real llama-server started from this
+    session's environment. `nox -s webui -- --no-e2e` skips them.
+    """
+    session.chdir(WEBUI)
+    session.run("npm", "ci", "--no-audit", "--no-fund", external=True, silent=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp) / "static"
+        session.run("npm", "run", "build", external=True, env={"WEBUI_OUT": str(fresh)}, silent=True)
+        diff = _tree_diff(fresh, WEBUI_STATIC)
+        if diff:
+            session.error(
+                "the committed web UI build is stale (run `npm run build` in packages/webui and commit "
+                "src/llama_webui/static): " + ", ".join(diff[:10])
+            )
+    session.run("npm", "run", "check", external=True, silent=True)  # svelte-check: types
+    session.run("npm", "run", "lint", external=True, silent=True)  # prettier
+    session.run("npx", "vitest", "run", external=True)
+    if "--no-e2e" in session.posargs:
+        return
+    _install(session, ["server"])
+    env = {"E2E_PYTHON": str(Path(session.bin) / "python"), "E2E_SCREENSHOTS": "0"}
+    session.run("node", "e2e/run.mjs", external=True, env=env)

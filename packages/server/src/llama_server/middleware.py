@@ -21,9 +21,11 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/", "/index.html"})
 
 
 class EdgeMiddleware:
-    def __init__(self, app: Any, state: ServerState) -> None:
+    def __init__(self, app: Any, state: ServerState, assets: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.state = state
+        # the web UI's files (`/`, `/index.html`, `/_app/...`): public, and served while the model loads
+        self.assets = assets | {"/", "/index.html"}
         self.keys = [k.encode() for k in state.config.api_keys]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -44,10 +46,11 @@ class EdgeMiddleware:
             return
         path = scope["path"]
         prefix = self.state.config.api_prefix
-        if not self.state.ready.is_set() and path not in ("/", "/index.html"):
+        if not self.state.ready.is_set() and path not in self.assets:
             await _json(send_with_headers, 503, "Loading model", "unavailable_error")
             return
-        if self.keys and not (path in PUBLIC_PATHS and not prefix) and not self._authorized(headers):
+        public = (path in PUBLIC_PATHS or path in self.assets) and not prefix
+        if self.keys and not public and not self._authorized(headers):
             await _json(send_with_headers, 401, "Invalid API Key", "authentication_error")
             return
         await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,156 @@
+/** The conversations and the open conversation's message tree, kept in IndexedDB. */
+import type { Attachment, Conversation, Message, Role } from '$lib/types';
+import { ChatDatabase, newId } from '$lib/services/db';
+import { latestLeaf, pathTo, siblings } from '$lib/services/tree';
+import { makeExport, planImport, type ImportPlan } from '$lib/services/transfer';
+import type { ConversationExport } from '$lib/types';
+
+export class ConversationStore {
+	/** every conversation, most recently updated first */
+	list = $state<Conversation[]>([]);
+	activeId = $state<string | null>(null);
+	/** all messages (every branch) of the active conversation */
+	messages = $state<Message[]>([]);
+	/** ids of conversations matching the search (null: no search) */
+	matches = $state<Set<string> | null>(null);
+
+	active = $derived(this.list.find((c) => c.id === this.activeId) ?? null);
+	/** the branch on screen, root first */
+	thread = $derived(pathTo(this.messages, this.active?.currentLeaf ?? null));
+	visible = $derived(this.matches ? this.list.filter((c) => this.matches!.has(c.id)) : this.list);
+
+	constructor(readonly db = new ChatDatabase()) {}
+
+	async load(): Promise<void> {
+		this.list = await this.db.conversations.orderBy('updatedAt').reverse().toArray();
+	}
+
+	async open(id: string | null): Promise<void> {
+		this.activeId = id;
+		this.messages = id ? await this.db.messages.where('convId').equals(id).toArray() : [];
+	}
+
+	async create(name = 'New conversation'): Promise<Conversation> {
+		const now = Date.now();
+		const conv: Conversation = { id: newId(), name, currentLeaf: null, createdAt: now, updatedAt: now };
+		await this.db.conversations.add(conv);
+		this.list = [conv, ...this.list];
+		await this.open(conv.id);
+		return conv;
+	}
+
+	async rename(id: string, name: string): Promise<void> {
+		name = name.trim();
+		if (!name) return;
+		await this.db.conversations.update(id, { name });
+		this.list = this.list.map((c) => (c.id === id ? { ...c, name } : c));
+	}
+
+	async remove(id: string): Promise<void> {
+		await this.db.transaction('rw', this.db.conversations, this.db.messages, async () => {
+			await this.db.messages.where('convId').equals(id).delete();
+			await this.db.conversations.delete(id);
+		});
+		this.list = this.list.filter((c) => c.id !== id);
+		if (this.activeId === id) await this.open(null);
+	}
+
+	/** Filter the list by name or message text (case-insensitive); an empty query clears the filter. */
+	async search(query: string): Promise<void> {
+		const q = query.trim().toLowerCase();
+		if (!q) {
+			this.matches = null;
+			return;
+		}
+		const ids = new Set(this.list.filter((c) => c.name.toLowerCase().includes(q)).map((c) => c.id));
+		await this.db.messages.filter((m) => m.content.toLowerCase().includes(q)).each((m) => ids.add(m.convId));
+		this.matches = ids;
+	}
+
+	/** Append a message under `parent` in the active conversation and show its branch. */
+	async add(
+		role: Role,
+		content: string,
+		parent: string | null,
+		extra: Partial<Pick<Message, 'attachments' | 'reasoning'>> = {}
+	): Promise<Message> {
+		const conv = this.active;
+		if (!conv) throw new Error('no open conversation');
+		const msg: Message = {
+			id: newId(),
+			convId: conv.id,
+			parent,
+			role,
+			content,
+			createdAt: Math.max(Date.now(), ...this.messages.map((m) => m.createdAt + 1)),
+			// plain objects: IndexedDB cannot store the proxies of reactive state
+			...($state.snapshot(extra) as typeof extra)
+		};
+		await this.db.messages.add(msg);
+		this.messages = [...this.messages, msg];
+		// the first user message names a new conversation
+		const named = conv.name === 'New conversation' && role === 'user' && !parent;
+		await this.setLeaf(msg.id, named ? content.slice(0, 60).split('\n')[0] : undefined);
+		return msg;
+	}
+
+	/** Change a message in memory (cheap: called for every streamed token); `save` stores it. */
+	patch(id: string, change: Partial<Message>): void {
+		const i = this.messages.findIndex((m) => m.id === id);
+		if (i >= 0) this.messages[i] = { ...this.messages[i], ...change };
+	}
+
+	async save(id: string): Promise<void> {
+		const m = this.messages.find((x) => x.id === id);
+		if (m) await this.db.messages.put($state.snapshot(m) as Message);
+	}
+
+	/** Show the branch that goes through message `id` (its newest continuation). */
+	async switchTo(id: string): Promise<void> {
+		await this.setLeaf(latestLeaf(this.messages, id));
+	}
+
+	/** The versions of a message: its siblings' ids and its index among them. */
+	versions(id: string) {
+		return siblings(this.messages, id);
+	}
+
+	private async setLeaf(leaf: string, name?: string): Promise<void> {
+		const id = this.activeId!;
+		const change: Partial<Conversation> = { currentLeaf: leaf, updatedAt: Date.now() };
+		if (name) change.name = name;
+		await this.db.conversations.update(id, change);
+		const conv = { ...this.list.find((c) => c.id === id)!, ...change };
+		this.list = [conv, ...this.list.filter((c) => c.id !== id)];
+	}
+
+	/** One conversation (or all of them) with every message, ready to be saved as JSON. */
+	async exportData(id?: string): Promise<ConversationExport> {
+		const convs = id ? this.list.filter((c) => c.id === id) : this.list;
+		const items = [];
+		for (const c of convs) {
+			const messages = await this.db.messages.where('convId').equals(c.id).toArray();
+			items.push({ conversation: $state.snapshot(c) as Conversation, messages });
+		}
+		return makeExport(items);
+	}
+
+	/** Merge an export into the stored conversations (see `planImport`: nothing is overwritten). */
+	async importData(data: ConversationExport): Promise<ImportPlan> {
+		const stored = new Map<string, Message[]>();
+		for (const item of data.conversations) {
+			const id = item.conversation.id;
+			if (await this.db.conversations.get(id))
+				stored.set(id, await this.db.messages.where('convId').equals(id).toArray());
+		}
+		const plan = planImport(data, (id) => stored.get(id));
+		await this.db.transaction('rw', this.db.conversations, this.db.messages, async () => {
+			for (const item of plan.add) {
+				await this.db.conversations.add(item.conversation);
+				await this.db.messages.bulkAdd(item.messages);
+			}
+		});
+		await this.load();
+		return plan;
+	}
+}

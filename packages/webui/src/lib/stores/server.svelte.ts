@@ -1,0 +1,45 @@
+/** The connection to llama-server: its `/props`, and whether it is up and accepts our API key. */
+import { ApiError, ApiClient, samplingDefaults, type ServerProps } from '$lib/services/api';
+import type { SettingsStore } from './settings.svelte';
+
+export type ServerStatus = 'connecting' | 'ready' | 'loading' | 'auth' | 'down' | 'error';
+
+export class ServerStore {
+	props = $state<ServerProps | null>(null);
+	status = $state<ServerStatus>('connecting');
+	message = $state('');
+	vision = $derived(Boolean(this.props?.modalities?.vision));
+	modelName = $derived((this.props?.model_alias || this.props?.model_path || '').split('/').pop() ?? '');
+
+	constructor(
+		readonly api: ApiClient,
+		private settings: SettingsStore
+	) {
+		api.apiKey = settings.value.apiKey;
+	}
+
+	/** Read `/props`; its sampling defaults become the settings' defaults. */
+	async connect(): Promise<void> {
+		this.api.apiKey = this.settings.value.apiKey;
+		this.status = 'connecting';
+		try {
+			this.props = await this.api.props();
+			this.settings.defaults = samplingDefaults(this.props.default_generation_settings?.params ?? {});
+			this.status = 'ready';
+			this.message = '';
+		} catch (e) {
+			const err = e instanceof ApiError ? e : new ApiError('server', String(e));
+			this.status = { auth: 'auth', network: 'down', loading: 'loading', context: 'error', server: 'error' }[
+				err.kind
+			] as ServerStatus;
+			this.message = err.message;
+		}
+	}
+
+	/** Try a new API key: saved, then checked against the server. */
+	async useKey(key: string): Promise<boolean> {
+		this.settings.update({ apiKey: key.trim() });
+		await this.connect();
+		return this.status === 'ready';
+	}
+}

@@ -1,0 +1,78 @@
+/** The data the app keeps: conversations and their message trees (IndexedDB), settings (localStorage). */
+
+export type Role = 'system' | 'user' | 'assistant';
+
+/** A file attached to a user message: its text (text files, PDFs) or a data URL (images). */
+export interface Attachment {
+	name: string;
+	kind: 'text' | 'image';
+	/** the file's text, or a `data:image/...;base64,` URL */
+	content: string;
+}
+
+/** Generation speed from the server's `timings` object. */
+export interface Timings {
+	prompt_n?: number;
+	prompt_ms?: number;
+	predicted_n?: number;
+	predicted_ms?: number;
+	predicted_per_second?: number;
+}
+
+/**
+ * One message. Messages form a tree per conversation: editing a message or regenerating a reply adds a
+ * sibling (same parent), and the conversation's `currentLeaf` picks the branch on screen.
+ */
+export interface Message {
+	id: string;
+	convId: string;
+	parent: string | null;
+	role: Role;
+	content: string;
+	reasoning?: string;
+	attachments?: Attachment[];
+	timings?: Timings;
+	/** set when the reply ended with an error or was stopped */
+	status?: 'stopped' | 'error';
+	createdAt: number;
+}
+
+export interface Conversation {
+	id: string;
+	name: string;
+	/** the last message of the branch on screen */
+	currentLeaf: string | null;
+	createdAt: number;
+	updatedAt: number;
+}
+
+/** The export file: one or more conversations with all their messages (every branch). */
+export interface ConversationExport {
+	format: 'llama-webui/conversations';
+	version: 1;
+	conversations: { conversation: Conversation; messages: Message[] }[];
+}
+
+/** Sampling parameters sent with every request (the server's names). */
+export interface SamplingParams {
+	temperature: number;
+	top_k: number;
+	top_p: number;
+	min_p: number;
+	max_tokens: number;
+	repeat_penalty: number;
+	presence_penalty: number;
+	frequency_penalty: number;
+	seed: number;
+}
+
+export type Theme = 'system' | 'light' | 'dark';
+
+export interface Settings {
+	theme: Theme;
+	apiKey: string;
+	systemPrompt: string;
+	showReasoning: boolean;
+	/** values the user changed; the rest come from the server's defaults */
+	sampling: Partial<SamplingParams>;
+}

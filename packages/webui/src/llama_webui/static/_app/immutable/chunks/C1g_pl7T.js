@@ -1,0 +1,1 @@
+var e=new URL(`../assets/pdf.worker.min.FHbmGBN0.mjs`,import.meta.url).href;export{e as default};

@@ -1,0 +1,1 @@
+export{i as load_css,t as start}from"../chunks/BTBE_VBi.js";

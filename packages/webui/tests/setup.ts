@@ -1,0 +1,2 @@
+// IndexedDB for Dexie under Node
+import 'fake-indexeddb/auto';
