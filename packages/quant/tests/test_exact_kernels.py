@@ -139,16 +139,22 @@ def test_errors() -> None:
     assert set(_SPECS) == set(TYPES)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name
+)
 def test_many_token_path_equals_one_token_products(qtype: T) -> None:
-    """Prompts of these types take the byte-pair kernels (exact.pairs, on CPUs with AVX2): the same numbers
-    as one matvec per token, including a partial last tile and extreme activations."""
+    """Batches of these types take the byte-pair kernels (exact.pairs, on CPUs with AVX2) from a number of
+    tokens per type: the same numbers as the reference and as one matvec per token, with a partial last
+    tile and extreme activations."""
     rows, cols = 200, 512
     raw = weights(qtype, rows, cols, seed=3)
     m = ExactMatrix(raw, qtype, rows, cols)
-    for kind, n in (("mixed", 37), ("outliers", 16), ("ties", pairs.MIN_TOKENS)):
+    for kind, n in (("mixed", 37), ("outliers", 16), ("ties", 8), ("normal", 4), ("ties", 3)):
         x = make_acts(kind, n, cols, seed=n)
         full = m.matmul(x)
+        want = np.empty((n, rows), np.float32)
+        ref.matmul(want, raw, qtype, rows, cols, x)
+        assert _same(full, want)
         for t in range(n):
             assert _same(m.matvec(x[t]), full[t])
 

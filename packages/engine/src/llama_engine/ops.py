@@ -25,6 +25,7 @@ __all__ = [
     "rms_norm",
     "rope",
     "rope_cache",
+    "store_rows",
     "swiglu",
 ]
 
@@ -134,7 +135,7 @@ def attention(
     """
     if k.dtype == np.float16:  # ggml_mul_mat(k f16, q): q converted to k's vec_dot type, f16
         k = k.view(np.uint16)
-        q = q.astype(np.float16).astype(np.float32)
+        q = _round_rows_f16(q)
     p16 = v.dtype == np.float16  # ggml_mul_mat(v f16, kq): the probabilities converted to f16
     if p16:
         v = v.view(np.uint16)
@@ -196,7 +197,10 @@ def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_
     group = n_head // n_head_kv
     for job in prange(n_head_kv * n_blocks):
         kh = job % n_head_kv
-        blk = job // n_head_kv
+        # blocks alternate from both ends: a prompt's later blocks attend to more cells, and prange hands
+        # each thread a contiguous run of jobs, so in order the last thread would get the most work
+        half = job // n_head_kv
+        blk = half // 2 if half % 2 == 0 else n_blocks - 1 - half // 2
         t0 = starts[blk]
         nt = starts[blk + 1] - t0
         lanes = nt * group
@@ -344,6 +348,42 @@ def _widen(typingctx, x):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def _f16_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """float32 -> the bits of the nearest fp16 (ties to even), as ggml's fp32_to_fp16 (vcvtps2ph)."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@numba.njit(cache=True)
+def _round_rows_f16(x: np.ndarray) -> np.ndarray:
+    out = np.empty_like(x)
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            out[t, i] = _round_f16(x[t, i])  # type: ignore[call-arg]
+    return out
+
+
+@numba.njit(cache=True)
+def _store_f16(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+    for i in range(len(rows)):
+        d = dst[rows[i]]
+        for j in range(src.shape[1]):
+            d[j] = _f16_bits(src[i, j])  # type: ignore[call-arg]
+
+
+def store_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+    """dst[rows] = src for a cache array: f32 as is, f16 rounded to nearest even (ggml_cpy to f16)."""
+    if dst.dtype == np.float16:
+        _store_f16(dst.view(np.uint16), rows, src)
+    else:
+        dst[rows] = src
+
+
+@intrinsic
 def _round_f16(typingctx, x):  # type: ignore[no-untyped-def]
     """float32 -> the nearest fp16 (ties to even) -> float32: ggml's fp32_to_fp16 and back."""
     sig = types.float32(types.float32)
@@ -448,7 +488,18 @@ def gelu_table() -> np.ndarray:
 
 def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
     """out = gelu(gate) * up with ggml's fp16-table GELU (ggml_vec_geglu_f32 under GGML_GELU_FP16)."""
-    g = gate[:n, :d]
-    looked_up = _GELU_TABLE[g.astype(np.float16).view(np.uint16)]
-    looked_up = np.where(g <= -10.0, np.float32(0.0), np.where(g >= 10.0, g, looked_up))
-    np.multiply(looked_up, up[:n, :d], out=out[:n, :d])
+    _geglu(out, gate, up, _GELU_TABLE, n, d)
+
+
+@numba.njit(cache=True)
+def _geglu(out, gate, up, table, n, d):  # type: ignore[no-untyped-def]
+    for t in range(n):
+        for i in range(d):
+            g = gate[t, i]
+            if g <= np.float32(-10.0):
+                y = np.float32(0.0)
+            elif g >= np.float32(10.0):
+                y = g
+            else:
+                y = table[_f16_bits(g)]  # type: ignore[call-arg]
+            out[t, i] = y * up[t, i]

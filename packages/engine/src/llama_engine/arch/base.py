@@ -336,8 +336,8 @@ class DecoderModel:
         q = self.scale_q(q)
         pool = kv.pool(il)
         cells, ranges = placed[id(pool)]
-        pool.k[il][cells] = k
-        pool.v[il][cells] = v
+        ops.store_rows(pool.k[il], cells, k)
+        ops.store_rows(pool.v[il], cells, v)
         out = np.empty((n, c.n_head * c.head_dim_v), np.float32)
         ops.attention(
             out, q, pool.k[il], pool.v[il], ranges.cells, ranges.lo, ranges.hi,

@@ -3,9 +3,10 @@ results bit for bit (ggml's generic C kernels: the activations quantized to the 
 reference quantizer, then one ``vec_dot`` per output element).
 
 A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
-vec_dot per element), so results do not depend on how tokens are batched. Batches of ``pairs.MIN_TOKENS``
-tokens or more of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K go through ``pairs`` (byte-pair multiply-adds on a tile
-unpacked once for all tokens): different integer arithmetic, the same sums, the same float steps.
+vec_dot per element), so results do not depend on how tokens are batched. Products of Q4_0 and Q4_1 (any
+number of tokens), Q8_0 (3 or more), Q5_0 and Q5_1 (4), Q4_K (8) and Q6_K (16) go through ``pairs``
+(byte-pair multiply-adds on a tile unpacked once for all tokens): other integer arithmetic, the same
+sums, the same float steps.
 """
 
 from __future__ import annotations
@@ -105,12 +106,12 @@ class _Spec:
     pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]]
     run: Callable[..., None]  # (arrays, out, acts tuple, n, rows, nb)
     many: Callable[..., None] | None = None  # the same for many tokens (exact.pairs), where available
-    many_min: int = pairs.MIN_TOKENS  # from this many tokens on
+    many_min: int = 1  # from this many tokens on (where the unpacking pays for itself, measured)
 
 
-def _b32(name: str, run: Callable[..., None], many: Callable[..., None] | None = None) -> _Spec:
+def _b32(name: str, run: Callable[..., None], many: Callable[..., None], many_min: int) -> _Spec:
     pack = lambda raw, r, c: blocks32.pack(name, raw, r, c)  # noqa: E731
-    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run, many if pairs.AVAILABLE else None)
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run, many if pairs.AVAILABLE else None, many_min)
 
 
 def _k(qtype: T, bb: int) -> _Spec:
@@ -119,9 +120,9 @@ def _k(qtype: T, bb: int) -> _Spec:
     if qtype == T.Q4_K:
         run = lambda a, o, x, n, r, nb: kquants.mv_q4k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
         many = lambda a, o, x, n, r, nb: pairs.mm_q4k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
-        return _Spec(256, bb, "q8k", pk, run, many if pairs.AVAILABLE else None)
+        return _Spec(256, bb, "q8k", pk, run, many if pairs.AVAILABLE else None, 8)
     run = lambda a, o, x, n, r, nb: kquants.mv_k8(o, *a, *x, n, r, nb, kind)  # type: ignore[call-arg]  # noqa: E731
-    if qtype == T.Q6_K:  # unpacking its 6-bit values costs more: worth it from 16 tokens
+    if qtype == T.Q6_K:
         many = lambda a, o, x, n, r, nb: pairs.mm_q6k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
         return _Spec(256, bb, "q8k", pk, run, many if pairs.AVAILABLE else None, 16)
     return _Spec(256, bb, "q8k", pk, run)
@@ -140,14 +141,15 @@ def _f(qtype: T, bb: int, fmt: str) -> _Spec:
 # fmt: off
 _SPECS: dict[T, _Spec] = {
     T.Q4_0: _b32("Q4_0", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False),
-                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False)),
+                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False), 1),
     T.Q4_1: _b32("Q4_1", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True),
-                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True)),
+                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True), 1),
     T.Q5_0: _b32("Q5_0", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False),
-                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False)),
+                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False), 4),
     T.Q5_1: _b32("Q5_1", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True),
-                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True)),
-    T.Q8_0: _b32("Q8_0", lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)),
+                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True), 4),
+    T.Q8_0: _b32("Q8_0", lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb),
+                 lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb), 3),
     T.Q2_K: _k(T.Q2_K, 84),
     T.Q3_K: _k(T.Q3_K, 110),
     T.Q4_K: _k(T.Q4_K, 144),
@@ -224,7 +226,7 @@ class ExactMatrix:
             self._check_acts(acts)
         else:
             acts = self._acts1.set(np.asarray(x, np.float32).reshape(self.cols))
-        self._spec.run(
+        self._run(1)(
             self._arrays, out.reshape(1, self.rows), acts.converted(self._spec.fmt), 1, self.rows, self._nb
         )
         return out
@@ -242,10 +244,13 @@ class ExactMatrix:
             out = np.empty((n, self.rows), np.float32)
         elif out.shape != (n, self.rows) or out.dtype != np.float32:
             raise ValueError(f"out must be float32 [{n}, {self.rows}], got {out.dtype} {out.shape}")
-        spec = self._spec
-        run = spec.many if spec.many is not None and n >= spec.many_min else spec.run
-        run(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
+        self._run(n)(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
         return out
+
+    def _run(self, n: int) -> Callable[..., None]:
+        """The kernel for ``n`` tokens: the byte-pair one from its measured break-even on, where available."""
+        spec = self._spec
+        return spec.many if spec.many is not None and n >= spec.many_min else spec.run
 
     def _check_acts(self, acts: Activations) -> None:
         # the kernels do not bounds-check: a narrower input would be read past its end

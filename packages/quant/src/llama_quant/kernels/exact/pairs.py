@@ -1,5 +1,5 @@
-"""Many-token products of the 32-value block formats Q4_0, Q4_1, Q5_0, Q5_1 through byte-pair
-multiply-adds (x86 ``pmaddubsw``), with the same numbers as ``blocks32``.
+"""Products through byte-pair multiply-adds (x86 ``pmaddubsw``, ``pmaddwd``) for Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K and Q6_K, with the same numbers as ``blocks32`` and ``kquants``.
 
 A block's integer sum ``sumi`` is exact however it is formed, so only its float steps must follow ggml
 (they are ``blocks32``'s, unchanged). For a prompt, each tile of 64 weight rows is unpacked once into
@@ -9,9 +9,11 @@ row r (the two nibbles of one ggml byte, plus the fifth bits for Q5), and then s
 pair, 32 products per instruction. The unsigned values (0..15, 0..31) times int8 activations (|x| <= 127,
 ggml's Q8 quantizers) give pair sums of at most 2 * 31 * 127 = 7874, so 4 (Q5) or 8 (Q4) pairs add up in
 int16 without overflow before they are widened to int32. Q4_0 / Q5_0 subtract the offset afterwards
-(``sumi = sum q * x - 8 * sum x``, or 16).
+(``sumi = sum q * x - 8 * sum x``, or 16). Q8_0's signed weights are unpacked to int16 pairs for
+``pmaddwd``; the K types' layouts are described at their kernels. The unpacking pays for itself from a
+measured number of tokens per type (``matrix``): at once for Q4_0 / Q4_1, from 16 tokens for Q6_K.
 
-The instruction is AVX2's; ``AVAILABLE`` says whether this CPU (and numba's target) has it. Without it the
+The instructions are AVX2's; ``AVAILABLE`` says whether this CPU (and numba's target) has it. Without it the
 callers use ``blocks32``'s kernels for every token count.
 """
 
@@ -27,9 +29,7 @@ from numba.extending import intrinsic
 from ._tiles import TILE_ROWS
 from .kquants import _finish, _float_step, _min_sums
 
-__all__ = ["AVAILABLE", "MIN_TOKENS", "mm_q4", "mm_q4k", "mm_q5", "mm_q6k"]
-
-MIN_TOKENS = 4  # fewer tokens do not repay unpacking a tile
+__all__ = ["AVAILABLE", "mm_q4", "mm_q4k", "mm_q5", "mm_q6k", "mm_q8"]
 
 
 def _have_avx2() -> bool:
@@ -106,7 +106,7 @@ def _activation_pairs(xp, xq, n, nb):  # pragma: no cover - numba
 
 @numba.njit(cache=True)
 def _unpack_q4(u, qs, nb):  # pragma: no cover - numba
-    for i in range(nb * 16 * 64):
+    for i in range(uint64(nb * 16 * 64)):
         v = qs[i]
         u[2 * i] = v & 15
         u[2 * i + 1] = v >> 4
@@ -122,10 +122,12 @@ def _unpack_q5(u, qs, qh, nb):  # pragma: no cover - numba
             hi_bits[:] = qh[(b * 4 + 2 + h) * 64 : (b * 4 + 3 + h) * 64]
             for s in range(8):
                 o = (b * 16 + h * 8 + s) * 64
-                for r in range(64):
-                    v = qs[o + r]
-                    u[2 * (o + r)] = (v & 15) | ((lo_bits[r] & 1) << 4)
-                    u[2 * (o + r) + 1] = (v >> 4) | ((hi_bits[r] & 1) << 4)
+                q = qs[o : o + 64]
+                out = u[2 * o : 2 * o + 128]
+                for r in range(uint64(64)):
+                    v = q[r]
+                    out[2 * r] = (v & 15) | ((lo_bits[r] & 1) << 4)
+                    out[2 * r + 1] = (v >> 4) | ((hi_bits[r] & 1) << 4)
                     lo_bits[r] = lo_bits[r] >> 1
                     hi_bits[r] = hi_bits[r] >> 1
 
@@ -449,6 +451,99 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
                     _min_sums(isc, mn[g], xsum[t], uint64(s), uint64(64), 8)
                 _float_step(y, sums, aux, isc, d[g], dmin[g], xd[t, s], uint64(s), uint64(64), kind)
             _finish(y, sums, uint64(64), kind)
+            r0 = g * 64
+            for k in range(min(64, rows - r0)):
+                out[t, r0 + k] = y[k]
+
+
+# --- Q8_0 -----------------------------------------------------------------------------------------------
+#
+# Signed weights take ``pmaddwd`` instead: the tile is unpacked to int16 pairs (value j, value j + 16) per
+# row, 8 rows per instruction, each row's two products added in int32 (no intermediate can overflow).
+
+
+@intrinsic
+def _pairs_wd(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-def]
+    """acc[0:64] (int32) += for the 16 pairs p of a block, ``pmaddwd(u[uoff + 128 p : + 128],
+    broadcast(xw[xoff + p]))`` (u int16: 64 rows x 2 values per pair)."""
+    sig = types.void(acc, u, types.intp, xw, types.intp)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        uoff, xoff = args[2], args[4]
+        acc_p, u_p, x_p = (
+            context.make_array(signature.args[i])(context, builder, args[i]).data for i in (0, 1, 3)
+        )
+        i16, i32 = ir.IntType(16), ir.IntType(32)
+        v16i16, v8i32 = ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+        wd = builder.module.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
+            builder.module, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd"
+        )
+        undef = ir.Constant(v8i32, ir.Undefined)
+        splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
+        sums = [ir.Constant(v8i32, None)] * 8  # 8 x 8 rows
+        for p in range(16):
+            word = builder.load(builder.gep(x_p, [builder.add(xoff, ir.Constant(xoff.type, p))]))
+            x = builder.bitcast(
+                builder.shuffle_vector(
+                    builder.insert_element(undef, word, ir.Constant(i32, 0)), undef, splat
+                ),
+                v16i16,
+            )
+            for c in range(8):
+                at = builder.gep(u_p, [builder.add(uoff, ir.Constant(uoff.type, p * 128 + c * 16))])
+                w = builder.load(builder.bitcast(at, v16i16.as_pointer()), align=2)
+                sums[c] = builder.add(sums[c], builder.call(wd, [w, x]))
+        for c in range(8):
+            at = builder.bitcast(builder.gep(acc_p, [ir.Constant(i32, c * 8)]), v8i32.as_pointer())
+            builder.store(builder.add(builder.load(at, align=4), sums[c]), at, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True)
+def _activation_words_q8(xw, xq, n, nb):  # pragma: no cover - numba
+    """xw[t, b * 16 + j] = the int16 pair (x[b * 32 + j], x[b * 32 + j + 16]) as one uint32."""
+    for t in range(n):
+        for b in range(nb):
+            for j in range(16):
+                lo = np.uint32(np.uint16(np.int16(xq[t, b * 32 + j])))
+                hi = np.uint32(np.uint16(np.int16(xq[t, b * 32 + j + 16])))
+                xw[t, b * 16 + j] = lo | (hi << np.uint32(16))
+
+
+@numba.njit(cache=True)
+def _unpack_q8(u, qs, nb):  # pragma: no cover - numba
+    for b in range(nb):
+        for j in range(16):
+            lo = qs[(b * 32 + j) * 64 : (b * 32 + j + 1) * 64]
+            hi = qs[(b * 32 + j + 16) * 64 : (b * 32 + j + 17) * 64]
+            out = u[(b * 16 + j) * 128 : (b * 16 + j + 1) * 128]
+            for r in range(uint64(64)):
+                out[2 * r] = lo[r]
+                out[2 * r + 1] = hi[r]
+
+
+@numba.njit(cache=True, parallel=True)
+def mm_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
+    """out[n, rows] for Q8_0 against Q8_0 activations; arguments as ``blocks32.mv_q8``."""
+    xw = np.empty((n, nb * 16), np.uint32)
+    _activation_words_q8(xw, xq, n, nb)
+    for g in prange(qs.shape[0]):
+        u = np.empty(nb * 16 * 128, np.int16)
+        _unpack_q8(u, qs[g], nb)
+        dg = d[g]
+        acc = np.empty(64, np.int32)
+        y = np.empty(64, np.float32)
+        for t in range(n):
+            xt = xw[t]
+            for k in range(64):
+                y[k] = float32(0.0)
+            for b in range(nb):
+                for k in range(64):
+                    acc[k] = 0
+                _pairs_wd(acc, u, b * 2048, xt, b * 16)  # type: ignore[call-arg]
+                _finish_block(y, acc, dg, dg, b * 64, xd[t, b], float32(0.0), 0, 2)  # sumi * (d_w * d_x)
             r0 = g * 64
             for k in range(min(64, rows - r0)):
                 out[t, r0 + k] = y[k]
