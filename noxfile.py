@@ -133,7 +133,8 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmark tables (ratios against the reference implementations, measured in the same run)."""
-    _install(session, list(PACKAGES), ORACLE)
+    # the [server] extra: llama_cpp.server is one of the server benchmark's references
+    _install(session, list(PACKAGES), [f"llama-cpp-python[server]=={ORACLE_VERSION}"])
     for package in PACKAGES:
         for script in sorted((ROOT / "packages" / package / "bench").glob("bench_*.py")):
             session.run("python", str(script), *session.posargs)

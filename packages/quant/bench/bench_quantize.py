@@ -1,6 +1,6 @@
 """Time ``llama-quant`` against llama.cpp's ``llama_model_quantize`` on a whole model (not a test).
 
-    python packages/quant/bench/bench_quantize.py                       # SmolLM2 F16 -> Q4_K_M, 2 threads
+    python packages/quant/bench/bench_quantize.py                       # both models F16 -> Q4_K_M, 2 threads
     python packages/quant/bench/bench_quantize.py --model gemma3 --types Q4_K_M,Q8_0 --repeat 3
     python packages/quant/bench/bench_quantize.py --profile             # cProfile of one llama-quant run
 
@@ -111,7 +111,7 @@ def _digest(p: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
+    ap.add_argument("--model", choices=["smollm2", "gemma3", "all"], default="all")
     ap.add_argument("--types", default="Q4_K_M")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
@@ -122,11 +122,16 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    src = write_f16(model_path(a.model), work / f"{a.model}-f16.gguf")
+    for model in ["smollm2", "gemma3"] if a.model == "all" else [a.model]:
+        run_model(a, work, model)
+
+
+def run_model(a: argparse.Namespace, work: Path, model: str) -> None:
+    src = write_f16(model_path(model), work / f"{model}-f16.gguf")
     for name in a.types.split(","):
         ft = parse_file_type(name)
         assert ft is not None, name
-        mine, theirs = work / f"ours-{name}.gguf", work / f"llama-{name}.gguf"
+        mine, theirs = work / f"ours-{model}-{name}.gguf", work / f"llama-{model}-{name}.gguf"
         ours(src, mine, name, a.threads)  # warm: numba cache load, page cache
         if a.profile:
             prof = cProfile.Profile()
@@ -143,7 +148,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 llama_cpp_quantize(src, theirs, ft.ftype, a.threads)
                 t_theirs.append(time.perf_counter() - t0)
-        line = f"{a.model} {name}: llama-quant {min(t_ours):.2f} s"
+        line = f"{model} {name}: llama-quant {min(t_ours):.2f} s"
         if t_theirs:
             same = "identical" if _digest(mine) == _digest(theirs) else "DIFFERENT"
             line += f", llama.cpp {min(t_theirs):.2f} s, ratio {min(t_theirs) / min(t_ours):.2f}x ({same})"

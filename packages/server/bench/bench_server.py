@@ -1,9 +1,11 @@
-"""Aggregate generation throughput and time to first token: through the HTTP server vs the engine directly.
+"""Aggregate generation throughput and time to first token: through the HTTP server vs the engine directly,
+and vs llama-cpp-python's OpenAI-compatible server (`llama_cpp.server`).
 
 For 1, 4 and 8 concurrent streamed requests (greedy, fixed token count, ignore_eos), measured one side after
 the other in the same run: first a real `llama-server` process (uvicorn, SSE via httpx), then an `Engine`
-in this process with the same slots and context. Reports tokens/s summed over all requests, the median
-time to first token, and the server/engine ratio (the cost of HTTP, JSON and the thread hop).
+in this process with the same slots and context, then `python -m llama_cpp.server` on the same model and
+threads (streamed /v1/completions; it serves one request at a time). Reports tokens/s summed over all
+requests, the median time to first token, and the ratios.
 
     python packages/server/bench/bench_server.py [--n-predict 16] [--levels 1,4,8] [-m model.gguf]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -64,6 +67,75 @@ def _server_round(base: str, n: int, n_predict: int) -> tuple[float, list[float]
     for t in threads:
         t.join()
     return time.perf_counter() - t0, ttft, sum(tokens)
+
+
+def _openai_round(base: str, n: int, n_predict: int) -> tuple[float, list[float], int]:
+    ttft: list[float] = [0.0] * n
+    tokens = [0] * n
+
+    def one(i: int) -> None:
+        body = {
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_tokens": n_predict,
+            "stream": True,
+            "temperature": 0,
+        }
+        t0 = time.perf_counter()
+        with (
+            httpx.Client(base_url=base, timeout=600) as c,
+            c.stream("POST", "/v1/completions", json=body) as r,
+        ):
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                if json.loads(line[6:])["choices"][0].get("text"):
+                    if tokens[i] == 0:
+                        ttft[i] = time.perf_counter() - t0
+                    tokens[i] += 1
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, ttft, sum(tokens)
+
+
+def _wait_ready(base: str, proc: subprocess.Popen, path: str) -> None:
+    while True:
+        try:
+            if httpx.get(base + path, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args[2]} exited")
+        time.sleep(0.5)
+
+
+def _llama_cpp_python(
+    model: str, levels: list[int], args: argparse.Namespace
+) -> dict[int, tuple[float, float]]:
+    try:
+        import llama_cpp.server.app  # noqa: F401
+    except ImportError:
+        print("| (llama_cpp.server is not installed: pip install 'llama-cpp-python[server]') |")
+        return {}
+    port = _free_port()
+    threads = str(os.cpu_count() or 2)
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--port", str(port), "--host", "127.0.0.1",
+           "--n_ctx", str(args.ctx), "--n_threads", threads, "--n_threads_batch", threads]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc, "/v1/models")
+        for n in levels:
+            _openai_round(base, n, 2)
+        return {n: _row("l-c-p", n, _openai_round(base, n, args.n_predict)) for n in levels}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def _engine_round(engine: Engine, n: int, n_predict: int) -> tuple[float, list[float], int]:
@@ -120,15 +192,7 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     server: dict[int, tuple[float, float]] = {}
     try:
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None:
-                raise SystemExit("the server exited")
-            time.sleep(0.5)
+        _wait_ready(base, proc, "/health")
         for n in levels:  # untimed: compile the batch shapes, warm the HTTP path
             _server_round(base, n, 2)
         for n in levels:
@@ -145,10 +209,16 @@ def main() -> None:
         direct = {n: _row("engine", n, _engine_round(engine, n, args.n_predict)) for n in levels}
     finally:
         engine.shutdown()
+    theirs = _llama_cpp_python(model, levels, args)
     print("\nserver / engine: " + ", ".join(
         f"n={n}: {server[n][0] / direct[n][0]:.2f}x tokens/s, ttft {server[n][1] / max(direct[n][1], 1e-9):.2f}x"
         for n in levels
     ))  # fmt: skip
+    if theirs:
+        print("server / llama_cpp.server: " + ", ".join(
+            f"n={n}: {server[n][0] / theirs[n][0]:.2f}x tokens/s, ttft {server[n][1] / max(theirs[n][1], 1e-9):.2f}x"
+            for n in levels
+        ))  # fmt: skip
 
 
 if __name__ == "__main__":
