@@ -32,6 +32,24 @@ __all__ = ["BLOCK_BYTES", "mv_q4", "mv_q5", "mv_q8", "pack"]
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 
 
+def q5_0_as_q8_0(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q5_0 rows -> Q8_0 rows holding the same values (q - 16, -16..15) and scales.
+
+    ggml's Q5_0 vec_dot ends each block with ``(d_w * d_x) * sumi``, its Q8_0 one with ``sumi * (d_w * d_x)``:
+    the same product, so the Q8_0 kernels (one byte per value, no bit juggling) compute Q5_0 exactly."""
+    blocks = raw.reshape(rows * (cols // 32), 22)
+    qh = blocks[:, 2:6].copy().view("<u4")  # [blocks, 1]: bit j = the fifth bit of value j
+    qs = blocks[:, 6:22]
+    j = np.arange(16, dtype=np.uint32)
+    lo = (qs & 15) | (((qh >> j) & 1) << 4).astype(np.uint8)
+    hi = (qs >> 4) | (((qh >> (j + 16)) & 1) << 4).astype(np.uint8)
+    out = np.empty((len(blocks), 34), np.uint8)
+    out[:, :2] = blocks[:, :2]
+    out[:, 2:18] = (lo.astype(np.int16) - 16).astype(np.int8).view(np.uint8)
+    out[:, 18:34] = (hi.astype(np.int16) - 16).astype(np.int8).view(np.uint8)
+    return out.reshape(rows, -1)
+
+
 def pack(name: str, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
     """Raw ggml rows [rows, row_bytes] uint8 -> the tiled arrays the kernels take (see module doc)."""
     nb = cols // 32

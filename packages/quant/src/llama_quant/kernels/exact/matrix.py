@@ -4,7 +4,7 @@ reference quantizer, then one ``vec_dot`` per output element).
 
 A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
 vec_dot per element), so results do not depend on how tokens are batched. Products of Q4_0 and Q4_1 (any
-number of tokens), Q8_0 (3 or more), Q5_0 and Q5_1 (4), Q4_K (8) and Q6_K (16) go through ``pairs``
+number of tokens), Q8_0 and Q5_0 (3 or more), Q5_1 (4), Q4_K (8) and Q6_K (16) go through ``pairs``
 (byte-pair multiply-adds on a tile unpacked once for all tokens): other integer arithmetic, the same
 sums, the same float steps.
 """
@@ -110,7 +110,10 @@ class _Spec:
 
 
 def _b32(name: str, run: Callable[..., None], many: Callable[..., None], many_min: int) -> _Spec:
-    pack = lambda raw, r, c: blocks32.pack(name, raw, r, c)  # noqa: E731
+    if name == "Q5_0":  # runs as the Q8_0 it widens to at load: 34 bytes a block instead of 22
+        pack = lambda raw, r, c: blocks32.pack("Q8_0", blocks32.q5_0_as_q8_0(raw, r, c), r, c)  # noqa: E731
+    else:
+        pack = lambda raw, r, c: blocks32.pack(name, raw, r, c)  # noqa: E731
     return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run, many if pairs.AVAILABLE else None, many_min)
 
 
@@ -138,18 +141,23 @@ def _f(qtype: T, bb: int, fmt: str) -> _Spec:
     )
 
 
+# Q8_0's kernels, which Q5_0 shares (blocks32.q5_0_as_q8_0)
+_Q8_RUN = (
+    lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb),
+    lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb),
+    3,
+)
+
 # fmt: off
 _SPECS: dict[T, _Spec] = {
     T.Q4_0: _b32("Q4_0", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False),
                  lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False), 1),
     T.Q4_1: _b32("Q4_1", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True),
                  lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True), 1),
-    T.Q5_0: _b32("Q5_0", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False),
-                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[2], x[0], x[1], x[2], x[3], n, r, nb, False), 4),
+    T.Q5_0: _b32("Q5_0", *_Q8_RUN),
     T.Q5_1: _b32("Q5_1", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True),
                  lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True), 4),
-    T.Q8_0: _b32("Q8_0", lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb),
-                 lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb), 3),
+    T.Q8_0: _b32("Q8_0", *_Q8_RUN),
     T.Q2_K: _k(T.Q2_K, 84),
     T.Q3_K: _k(T.Q3_K, 110),
     T.Q4_K: _k(T.Q4_K, 144),
@@ -169,7 +177,8 @@ class ExactMatrix:
 
     ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy view
     of the GGUF mmap is fine). It is repacked at construction into tiles of 64 rows and not referenced
-    afterwards (Q4_K, Q4_*/Q5_*/Q8_0 keep about the raw size; Q2_K/Q3_K/Q5_K/Q6_K widen quants to int8,
+    afterwards (Q4_K, Q4_*/Q5_1/Q8_0 keep about the raw size; Q5_0 is widened to Q8_0 and Q2_K/Q3_K/Q5_K/Q6_K
+    widen quants to int8,
     F16/BF16 to f32).
     """
 
