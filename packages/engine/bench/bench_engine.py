@@ -1,6 +1,6 @@
 """llama-engine against llama.cpp (llama-cpp-python, native build) on the real models, same threads.
 
-Measured one after the other in this process, nothing else running: prefill of 512 tokens, single-stream
+Measured one after the other, each side in its own process, nothing else running: prefill of 512 tokens, single-stream
 decode of 128 tokens, aggregate decode of 4 and 8 concurrent sequences, and time from process start to
 the first token (a fresh interpreter, numba cache warm). Prints one table of tokens/s and ratios.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -159,13 +160,28 @@ def time_to_first_token(path: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def measure_in_subprocess(side: str, path: str, args: argparse.Namespace) -> dict[str, float]:
+    """One side's measurements in a fresh interpreter: llama.cpp's OpenMP threads and ours never share a
+    process (after llama.cpp has run, its idle threads slow numba's parallel kernels down)."""
+    cmd = [sys.executable, __file__, "--side", side, "--path", path, "--prompt", str(args.prompt),
+           "--decode", str(args.decode)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--decode", type=int, default=128)
     parser.add_argument("--models", default="smollm2,gemma3")
+    parser.add_argument("--side", choices=["ours", "theirs"], help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     streams = (1, 4, 8)
+    if args.side:  # a child of measure_in_subprocess
+        fn = ours if args.side == "ours" else theirs
+        print(json.dumps(fn(args.path, args.prompt, args.decode, streams)))
+        return
     paths = {"SmolLM2-135M Q4_1": smollm2_path, "Gemma-3-270M Q4_K_M": gemma3_path}
     chosen = {k: v for k, v in paths.items() if k.split("-")[0].lower() in args.models}
     print(f"\n## llama-engine vs llama.cpp (llama-cpp-python), {THREADS} threads, tokens/s\n")
@@ -175,8 +191,8 @@ def main() -> None:
         path = get_path()
         time_to_first_token(path)  # warms the numba cache on disk
         ttft = time_to_first_token(path)
-        a = ours(path, args.prompt, args.decode, streams)
-        b = theirs(path, args.prompt, args.decode, streams)
+        a = measure_in_subprocess("ours", path, args)
+        b = measure_in_subprocess("theirs", path, args)
         for key in a:
             print(f"| {name:<20} | {key:<12} | {a[key]:>9.1f} | {b[key]:>9.1f} | {a[key] / b[key]:>5.2f}x |")
         print(f"| {name:<20} | {'start->token':<12} | {ttft:>8.2f}s | {'':>9} | {'':>6} |")
