@@ -1,6 +1,7 @@
 """llama-engine against llama.cpp (llama-cpp-python, native build) on the real models, same threads.
 
-Measured one after the other, each side in its own process, nothing else running: prefill of 512 tokens, single-stream
+Measured one after the other, each side in its own process, nothing else running: prefill of 512 tokens
+(best of 3), single-stream
 decode of 128 tokens, aggregate decode of 4 and 8 concurrent sequences, and time from process start to
 the first token (a fresh interpreter, numba cache warm). Prints one table of tokens/s and ratios.
 """
@@ -21,6 +22,7 @@ import numpy as np
 
 _QUIET_LOG = None
 THREADS = int(os.environ.get("BENCH_THREADS", os.cpu_count() or 2))
+PREFILL_RUNS = 3  # best of: a prefill lasts about a second, and this machine's neighbours are noisy
 
 
 def smollm2_path() -> str:
@@ -53,11 +55,16 @@ def ours(path: str, n_prompt: int, n_decode: int, streams: tuple[int, ...]) -> d
         p = prompt_tokens(n_prompt, n_vocab)
         # prefill: the prompt alone, one token generated
         list(llm.generate(p, max_tokens=1, temperature=0.0, ignore_eos=True))  # warm
-        t = time.perf_counter()
-        list(
-            llm.generate(prompt_tokens(n_prompt, n_vocab, 1), max_tokens=1, temperature=0.0, ignore_eos=True)
-        )
-        res["prefill"] = n_prompt / (time.perf_counter() - t)
+        best = float("inf")
+        for seed in range(1, 1 + PREFILL_RUNS):  # other prompts: no prefix to reuse
+            t = time.perf_counter()
+            list(
+                llm.generate(
+                    prompt_tokens(n_prompt, n_vocab, seed), max_tokens=1, temperature=0.0, ignore_eos=True
+                )
+            )
+            best = min(best, time.perf_counter() - t)
+        res["prefill"] = n_prompt / best
         # decode: timings from the engine exclude the prompt
         list(llm.generate(p[:16], max_tokens=n_decode, temperature=0.0, ignore_eos=True))
         assert llm.last is not None
@@ -121,12 +128,15 @@ def theirs(path: str, n_prompt: int, n_decode: int, streams: tuple[int, ...]) ->
     res: dict[str, float] = {}
     p = prompt_tokens(n_prompt, n_vocab)
     decode([(t, i, 0, i == n_prompt - 1) for i, t in enumerate(p)])  # warm
-    lc.llama_memory_clear(mem, True)
-    p = prompt_tokens(n_prompt, n_vocab, 1)
-    t = time.perf_counter()
-    decode([(tk, i, 0, i == n_prompt - 1) for i, tk in enumerate(p)])
-    argmax(n_prompt - 1)
-    res["prefill"] = n_prompt / (time.perf_counter() - t)
+    best = float("inf")
+    for seed in range(1, 1 + PREFILL_RUNS):
+        lc.llama_memory_clear(mem, True)
+        p = prompt_tokens(n_prompt, n_vocab, seed)
+        t = time.perf_counter()
+        decode([(tk, i, 0, i == n_prompt - 1) for i, tk in enumerate(p)])
+        argmax(n_prompt - 1)
+        best = min(best, time.perf_counter() - t)
+    res["prefill"] = n_prompt / best
     for n in streams:
         lc.llama_memory_clear(mem, True)
         prompts = [prompt_tokens(16, n_vocab, 10 + i) for i in range(n)]
