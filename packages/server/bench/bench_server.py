@@ -124,8 +124,10 @@ def _llama_cpp_python(
         return {}
     port = _free_port()
     threads = str(os.cpu_count() or 2)
+    # --interrupt_requests False: concurrent requests wait their turn instead of cancelling the running one
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--port", str(port), "--host", "127.0.0.1",
-           "--n_ctx", str(args.ctx), "--n_threads", threads, "--n_threads_batch", threads]  # fmt: skip
+           "--n_ctx", str(args.ctx), "--n_threads", threads, "--n_threads_batch", threads,
+           "--interrupt_requests", "False"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
