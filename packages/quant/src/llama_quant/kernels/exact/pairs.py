@@ -43,6 +43,61 @@ def _have_avx2() -> bool:
 AVAILABLE = TILE_ROWS == 64 and _have_avx2()
 
 
+# --- LLVM IR shared by the intrinsics below -------------------------------------------------------------
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_V32I8, _V16I16, _V8I32, _V16I32 = (
+    ir.VectorType(_I8, 32),
+    ir.VectorType(_I16, 16),
+    ir.VectorType(_I32, 8),
+    ir.VectorType(_I32, 16),
+)
+
+
+class _IR:
+    """The few operations the kernels' intrinsics are written in, over one llvmlite builder."""
+
+    def __init__(self, context, builder, signature, args):  # type: ignore[no-untyped-def]
+        self.b = builder
+        self.context, self.signature, self.args = context, signature, args
+
+    def data(self, i: int):  # type: ignore[no-untyped-def]
+        """The data pointer of array argument i."""
+        return self.context.make_array(self.signature.args[i])(self.context, self.b, self.args[i]).data
+
+    def at(self, ptr, base, off: int, ty):  # type: ignore[no-untyped-def]
+        """``&ptr[base + off]`` as a pointer to ``ty``."""
+        return self.b.bitcast(
+            self.b.gep(ptr, [self.b.add(base, ir.Constant(base.type, off))]), ty.as_pointer()
+        )
+
+    def load(self, ptr, base, off: int, ty, align: int):  # type: ignore[no-untyped-def]
+        return self.b.load(self.at(ptr, base, off, ty), align=align)
+
+    def broadcast(self, ptr, base, k: int, ty):  # type: ignore[no-untyped-def]
+        """The scalar ``ptr[base + k]`` repeated across 256 bits, viewed as ``ty``."""
+        word = self.b.load(self.b.gep(ptr, [self.b.add(base, ir.Constant(base.type, k))]))
+        n = 256 // word.type.width
+        undef = ir.Constant(ir.VectorType(word.type, n), ir.Undefined)
+        vec = self.b.insert_element(undef, word, ir.Constant(_I32, 0))
+        return self.b.bitcast(
+            self.b.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(_I32, n), [0] * n)), ty
+        )
+
+    def _call(self, name: str, ret, a, b):  # type: ignore[no-untyped-def]
+        module = self.b.module
+        fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type, b.type]), name)
+        return self.b.call(fn, [a, b])
+
+    def pmaddubsw(self, a, b):  # type: ignore[no-untyped-def]
+        """16 x int16: a (u8) times b (s8), adjacent products added."""
+        return self._call("llvm.x86.avx2.pmadd.ub.sw", _V16I16, a, b)
+
+    def pmaddwd(self, a, b):  # type: ignore[no-untyped-def]
+        """8 x int32: a times b (int16), adjacent products added."""
+        return self._call("llvm.x86.avx2.pmadd.wd", _V8I32, a, b)
+
+
 def _pair_group(n_pairs: int):  # type: ignore[no-untyped-def]
     """An intrinsic ``(acc, u, uoff, xp, xoff)``: ``acc[0:64]`` (int32) += for each of ``n_pairs`` pairs p,
     ``pmaddubsw(u[uoff + 128 p : + 128], broadcast(xp[xoff + p]))`` summed in int16, then widened."""
@@ -52,35 +107,19 @@ def _pair_group(n_pairs: int):  # type: ignore[no-untyped-def]
         sig = types.void(acc, u, types.intp, xp, types.intp)
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            acc_a, u_a, uoff, xp_a, xoff = args
-            acc_p = context.make_array(signature.args[0])(context, builder, acc_a).data
-            u_p = context.make_array(signature.args[1])(context, builder, u_a).data
-            x_p = context.make_array(signature.args[3])(context, builder, xp_a).data
-            i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-            v32i8, v16i16, v16i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 16)
-            name = "llvm.x86.avx2.pmadd.ub.sw"
-            fn = builder.module.globals.get(name) or ir.Function(
-                builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]), name
-            )
-            undef16 = ir.Constant(v16i16, ir.Undefined)
-            splat = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
-            sums = [ir.Constant(v16i16, None)] * 4  # 4 x 16 rows
+            f = _IR(context, builder, signature, args)
+            uoff, xoff = args[2], args[4]
+            acc_p, u_p, x_p = f.data(0), f.data(1), f.data(3)
+            sums = [ir.Constant(_V16I16, None)] * 4  # 4 x 16 rows
             for p in range(n_pairs):
-                pair = builder.load(builder.gep(x_p, [builder.add(xoff, ir.Constant(xoff.type, p))]))
-                x = builder.bitcast(
-                    builder.shuffle_vector(
-                        builder.insert_element(undef16, pair, ir.Constant(i32, 0)), undef16, splat
-                    ),
-                    v32i8,
-                )
+                x = f.broadcast(x_p, xoff, p, _V32I8)
                 for c in range(4):
-                    at = builder.gep(u_p, [builder.add(uoff, ir.Constant(uoff.type, p * 128 + c * 32))])
-                    w = builder.load(builder.bitcast(at, v32i8.as_pointer()), align=1)
-                    sums[c] = builder.add(sums[c], builder.call(fn, [w, x]))
+                    w = f.load(u_p, uoff, p * 128 + c * 32, _V32I8, 1)
+                    sums[c] = builder.add(sums[c], f.pmaddubsw(w, x))
             for c in range(4):
-                at = builder.bitcast(builder.gep(acc_p, [ir.Constant(i32, c * 16)]), v16i32.as_pointer())
+                at = f.at(acc_p, ir.Constant(_I32, 0), c * 16, _V16I32)
                 builder.store(
-                    builder.add(builder.load(at, align=4), builder.sext(sums[c], v16i32)), at, align=4
+                    builder.add(builder.load(at, align=4), builder.sext(sums[c], _V16I32)), at, align=4
                 )
             return context.get_dummy_value()
 
@@ -215,43 +254,20 @@ def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff):  # type: 
     sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xp, types.intp)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        aux_a, auxoff, u_a, uoff, scl_a, scloff, xp_a, xoff = args
-        aux_p = context.make_array(signature.args[0])(context, builder, aux_a).data
-        u_p = context.make_array(signature.args[2])(context, builder, u_a).data
-        s_p = context.make_array(signature.args[4])(context, builder, scl_a).data
-        x_p = context.make_array(signature.args[6])(context, builder, xp_a).data
-        i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-        v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
-        mod = builder.module
-        ubsw = mod.globals.get("llvm.x86.avx2.pmadd.ub.sw") or ir.Function(
-            mod, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
-        )
-        wd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
-            mod, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd"
-        )
-        undef = ir.Constant(v8i32, ir.Undefined)
-        splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
-
-        def at(ptr, base, off, ty):  # type: ignore[no-untyped-def]
-            return builder.bitcast(builder.gep(ptr, [builder.add(base, ir.Constant(base.type, off))]), ty)
-
-        xs = []
-        for k in range(8):  # (chunk c, half) patterns
-            word = builder.load(builder.gep(x_p, [builder.add(xoff, ir.Constant(xoff.type, k))]))
-            vec = builder.shuffle_vector(
-                builder.insert_element(undef, word, ir.Constant(i32, 0)), undef, splat
-            )
-            xs.append(builder.bitcast(vec, v32i8))
+        f = _IR(context, builder, signature, args)
+        auxoff, uoff, scloff, xoff = args[1::2]
+        aux_p, u_p, s_p, x_p = (f.data(i) for i in (0, 2, 4, 6))
+        xs = [f.broadcast(x_p, xoff, k, _V32I8) for k in range(8)]  # (chunk c, half) patterns
         for rg in range(8):
-            acc = ir.Constant(v8i32, None)
+            acc = ir.Constant(_V8I32, None)
             for c in range(4):
                 base = ((c * 8 + rg) * 2) * 32
-                w0 = builder.load(at(u_p, uoff, base, v32i8.as_pointer()), align=1)
-                w1 = builder.load(at(u_p, uoff, base + 32, v32i8.as_pointer()), align=1)
-                s = builder.add(builder.call(ubsw, [w0, xs[2 * c]]), builder.call(ubsw, [w1, xs[2 * c + 1]]))
-                sc = builder.load(at(s_p, scloff, (c * 8 + rg) * 16, v16i16.as_pointer()), align=2)
-                acc = builder.add(acc, builder.call(wd, [s, sc]))
-            builder.store(acc, at(aux_p, auxoff, rg * 8, v8i32.as_pointer()), align=4)
+                w0 = f.load(u_p, uoff, base, _V32I8, 1)
+                w1 = f.load(u_p, uoff, base + 32, _V32I8, 1)
+                sums = builder.add(f.pmaddubsw(w0, xs[2 * c]), f.pmaddubsw(w1, xs[2 * c + 1]))
+                sc = f.load(s_p, scloff, (c * 8 + rg) * 16, _V16I16, 2)
+                acc = builder.add(acc, f.pmaddwd(sums, sc))
+            builder.store(acc, f.at(aux_p, auxoff, rg * 8, _V8I32), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -321,40 +337,19 @@ def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff)
     sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xw, types.intp, bx, types.intp)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        f = _IR(context, builder, signature, args)
         auxoff, uoff, scloff, xoff, bxoff = args[1::2]
-        ptr = [context.make_array(signature.args[i])(context, builder, args[i]).data for i in (0, 2, 4, 6, 8)]
-        aux_p, u_p, s_p, x_p, b_p = ptr
-        i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-        v32i8, v16i16, v8i32 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
-        mod = builder.module
-        ubsw = mod.globals.get("llvm.x86.avx2.pmadd.ub.sw") or ir.Function(
-            mod, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw"
-        )
-        wd = mod.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
-            mod, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd"
-        )
-        undef = ir.Constant(v8i32, ir.Undefined)
-        splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
-
-        def at(p, base, off, ty):  # type: ignore[no-untyped-def]
-            return builder.bitcast(builder.gep(p, [builder.add(base, ir.Constant(base.type, off))]), ty)
-
-        def broadcast(p, base, k):  # type: ignore[no-untyped-def]
-            word = builder.load(builder.gep(p, [builder.add(base, ir.Constant(base.type, k))]))
-            return builder.shuffle_vector(
-                builder.insert_element(undef, word, ir.Constant(i32, 0)), undef, splat
-            )
-
-        xs = [builder.bitcast(broadcast(x_p, xoff, jp), v32i8) for jp in range(8)]
-        bs = [builder.bitcast(broadcast(b_p, bxoff, jp), v16i16) for jp in range(8)]
+        aux_p, u_p, s_p, x_p, b_p = (f.data(i) for i in (0, 2, 4, 6, 8))
+        xs = [f.broadcast(x_p, xoff, jp, _V32I8) for jp in range(8)]
+        bs = [f.broadcast(b_p, bxoff, jp, _V16I16) for jp in range(8)]
         for rg in range(8):
-            acc = ir.Constant(v8i32, None)
+            acc = ir.Constant(_V8I32, None)
             for jp in range(8):
-                w = builder.load(at(u_p, uoff, (jp * 8 + rg) * 32, v32i8.as_pointer()), align=1)
-                sc = builder.load(at(s_p, scloff, (jp * 8 + rg) * 16, v16i16.as_pointer()), align=2)
-                acc = builder.add(acc, builder.call(wd, [builder.call(ubsw, [w, xs[jp]]), sc]))
-                acc = builder.add(acc, builder.call(wd, [sc, bs[jp]]))
-            builder.store(acc, at(aux_p, auxoff, rg * 8, v8i32.as_pointer()), align=4)
+                w = f.load(u_p, uoff, (jp * 8 + rg) * 32, _V32I8, 1)
+                sc = f.load(s_p, scloff, (jp * 8 + rg) * 16, _V16I16, 2)
+                acc = builder.add(acc, f.pmaddwd(f.pmaddubsw(w, xs[jp]), sc))
+                acc = builder.add(acc, f.pmaddwd(sc, bs[jp]))
+            builder.store(acc, f.at(aux_p, auxoff, rg * 8, _V8I32), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -469,32 +464,16 @@ def _pairs_wd(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-def
     sig = types.void(acc, u, types.intp, xw, types.intp)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        f = _IR(context, builder, signature, args)
         uoff, xoff = args[2], args[4]
-        acc_p, u_p, x_p = (
-            context.make_array(signature.args[i])(context, builder, args[i]).data for i in (0, 1, 3)
-        )
-        i16, i32 = ir.IntType(16), ir.IntType(32)
-        v16i16, v8i32 = ir.VectorType(i16, 16), ir.VectorType(i32, 8)
-        wd = builder.module.globals.get("llvm.x86.avx2.pmadd.wd") or ir.Function(
-            builder.module, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd"
-        )
-        undef = ir.Constant(v8i32, ir.Undefined)
-        splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
-        sums = [ir.Constant(v8i32, None)] * 8  # 8 x 8 rows
+        acc_p, u_p, x_p = f.data(0), f.data(1), f.data(3)
+        sums = [ir.Constant(_V8I32, None)] * 8  # 8 x 8 rows
         for p in range(16):
-            word = builder.load(builder.gep(x_p, [builder.add(xoff, ir.Constant(xoff.type, p))]))
-            x = builder.bitcast(
-                builder.shuffle_vector(
-                    builder.insert_element(undef, word, ir.Constant(i32, 0)), undef, splat
-                ),
-                v16i16,
-            )
+            x = f.broadcast(x_p, xoff, p, _V16I16)
             for c in range(8):
-                at = builder.gep(u_p, [builder.add(uoff, ir.Constant(uoff.type, p * 128 + c * 16))])
-                w = builder.load(builder.bitcast(at, v16i16.as_pointer()), align=2)
-                sums[c] = builder.add(sums[c], builder.call(wd, [w, x]))
+                sums[c] = builder.add(sums[c], f.pmaddwd(f.load(u_p, uoff, p * 128 + c * 16, _V16I16, 2), x))
         for c in range(8):
-            at = builder.bitcast(builder.gep(acc_p, [ir.Constant(i32, c * 8)]), v8i32.as_pointer())
+            at = f.at(acc_p, ir.Constant(_I32, 0), c * 8, _V8I32)
             builder.store(builder.add(builder.load(at, align=4), sums[c]), at, align=4)
         return context.get_dummy_value()
 
