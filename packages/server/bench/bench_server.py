@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -42,53 +43,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server_round(base: str, n: int, n_predict: int) -> tuple[float, list[float], int]:
+def _stream_round(
+    base: str, n: int, path: str, body: dict, is_token: Callable[[dict], bool]
+) -> tuple[float, list[float], int]:
+    """n concurrent streamed POSTs of ``body`` (prompt filled in): wall time, time to first token of each,
+    and the SSE events ``is_token`` counts as tokens."""
     ttft: list[float] = [0.0] * n
     tokens = [0] * n
 
     def one(i: int) -> None:
-        body = {"prompt": PROMPTS[i % len(PROMPTS)], "n_predict": n_predict, "stream": True, "ignore_eos": True,
-                "temperature": 0, "cache_prompt": False}  # fmt: skip
         t0 = time.perf_counter()
-        with httpx.Client(base_url=base, timeout=600) as c, c.stream("POST", "/completion", json=body) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                ev = json.loads(line[6:])
-                if not ev["stop"]:
-                    if tokens[i] == 0:
-                        ttft[i] = time.perf_counter() - t0
-                    tokens[i] += 1
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0, ttft, sum(tokens)
-
-
-def _openai_round(base: str, n: int, n_predict: int) -> tuple[float, list[float], int]:
-    ttft: list[float] = [0.0] * n
-    tokens = [0] * n
-
-    def one(i: int) -> None:
-        body = {
-            "prompt": PROMPTS[i % len(PROMPTS)],
-            "max_tokens": n_predict,
-            "stream": True,
-            "temperature": 0,
-        }
-        t0 = time.perf_counter()
-        with (
-            httpx.Client(base_url=base, timeout=600) as c,
-            c.stream("POST", "/v1/completions", json=body) as r,
-        ):
+        request = {**body, "prompt": PROMPTS[i % len(PROMPTS)]}
+        with httpx.Client(base_url=base, timeout=600) as c, c.stream("POST", path, json=request) as r:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                if json.loads(line[6:])["choices"][0].get("text"):
+                if is_token(json.loads(line[6:])):
                     if tokens[i] == 0:
                         ttft[i] = time.perf_counter() - t0
                     tokens[i] += 1
@@ -100,6 +70,22 @@ def _openai_round(base: str, n: int, n_predict: int) -> tuple[float, list[float]
     for t in threads:
         t.join()
     return time.perf_counter() - t0, ttft, sum(tokens)
+
+
+def _server_round(base: str, n: int, n_predict: int) -> tuple[float, list[float], int]:
+    body = {
+        "n_predict": n_predict,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+        "cache_prompt": False,
+    }
+    return _stream_round(base, n, "/completion", body, lambda ev: not ev["stop"])
+
+
+def _openai_round(base: str, n: int, n_predict: int) -> tuple[float, list[float], int]:
+    body = {"max_tokens": n_predict, "stream": True, "temperature": 0}
+    return _stream_round(base, n, "/v1/completions", body, lambda ev: bool(ev["choices"][0].get("text")))
 
 
 def _wait_ready(base: str, proc: subprocess.Popen, path: str) -> None:
