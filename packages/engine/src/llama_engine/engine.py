@@ -153,8 +153,7 @@ class Engine:
     def __init__(
         self, model: str | os.PathLike[str] | GGUFFile, config: EngineConfig = EngineConfig()
     ) -> None:
-        if config.n_threads:
-            numba.set_num_threads(min(config.n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        self._set_threads(config.n_threads)
         self.gguf = model if isinstance(model, GGUFFile) else open_gguf(model)
         self.model: DecoderModel = load_model(self.gguf)
         self.tokenizer = Tokenizer.from_gguf(
@@ -197,6 +196,12 @@ class Engine:
         self._slot_ops: list[tuple[int, Callable[[], Any], queue.SimpleQueue]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _set_threads(n_threads: int) -> None:
+        """numba's thread count is per calling thread: set on the thread that loads and on the loop's."""
+        if n_threads:
+            numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
 
     def start(self) -> Engine:
         if self._thread is None:
@@ -366,6 +371,7 @@ class Engine:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        self._set_threads(self.config.n_threads)
         if self.config.warmup:
             self.warmup()
         self.ready.set()

@@ -33,7 +33,7 @@ ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama
 ROPE_NEOX = 2  # rotate halves (x[i], x[i + n/2]): gemma3, qwen2/3, phi3 (GGML_ROPE_TYPE_NEOX)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float, n: int, d: int) -> None:
     """out[n, d] = x / sqrt(mean(x^2) + eps) * w[d]   (ggml_rms_norm, then ggml_mul)."""
     for t in range(n):
@@ -65,7 +65,7 @@ def _powf(x: np.float32, y: np.float32) -> np.float32:
     return np.float32(libm.powf(float(x), float(y)))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _rope_cache(
     out: np.ndarray, n_pos: int, half: int, theta_scale: np.float32, freq_scale: np.float32
 ) -> None:
@@ -78,7 +78,7 @@ def _rope_cache(
             theta = theta * theta_scale
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def rope(
     x: np.ndarray,
     pos: np.ndarray,
@@ -150,7 +150,7 @@ def attention(
 _TOKEN_BLOCK = 8
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _token_blocks(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
     """Block starts (plus n at the end): runs of at most _TOKEN_BLOCK consecutive tokens whose cell ranges
     overlap (one sequence's tokens; another sequence's range starts a new block)."""
@@ -164,7 +164,7 @@ def _token_blocks(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
     return starts[: m + 1]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
     """w[o:o+length] <- exp(w - mx) through ggml_v_expf four at a time, summed as ggml_vec_soft_max_f32
     (SSE2 horizontal sum of each group, then in double); returns 1 / sum in float32."""
@@ -187,7 +187,7 @@ def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
     return np.float32(1.0 / total)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
     """Attention (see `attention`) per KV head and token block, with
     the block's query heads as lanes: every dot product and output element sums over the dimension, then
@@ -252,7 +252,7 @@ _MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vect
 # (wrap-around) indices, and that keeps LLVM from vectorizing the loop.
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignore[no-untyped-def]
     acc = np.empty(lanes, np.float64)
     nl = uint64(lanes)
@@ -268,7 +268,7 @@ def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: igno
             w[a, j] = np.float32(acc[a]) * sc
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignore[no-untyped-def]
     kt = np.empty((head_dim, span), np.float32)
     for j in range(span):
@@ -289,7 +289,7 @@ def _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignor
             wa[j] = np.float32(acc[j]) * sc
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16):  # type: ignore[no-untyped-def]
     # the probabilities, zero outside each lane's cells (adding a zero product leaves a sum unchanged)
     pm = np.zeros((span, lanes), np.float32)
@@ -312,7 +312,7 @@ def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim,
             kqv[a, d] = kqvt[d, a]
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, t0, group, ko, head_dim, lanes, p16):  # type: ignore[no-untyped-def]
     hd = uint64(head_dim)
     for a in range(lanes):
@@ -325,7 +325,7 @@ def _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, t0, group, ko, head_dim, lanes,
                 ka[d] += np.float64(_widen(vrow[d]) * p)  # type: ignore[call-arg]
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _prob(e, inv, p16):  # type: ignore[no-untyped-def]
     """A softmax output as mul_mat(v, kq) reads it: e * (1 / sum), rounded to f16 for an f16 V cache."""
     p = e * inv
@@ -358,7 +358,7 @@ def _f16_bits(typingctx, x):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _round_rows_f16(x: np.ndarray) -> np.ndarray:
     out = np.empty_like(x)
     for t in range(x.shape[0]):
@@ -367,7 +367,7 @@ def _round_rows_f16(x: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _store_f16(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
     for i in range(len(rows)):
         d = dst[rows[i]]
@@ -428,7 +428,7 @@ _P3 = np.float32(float.fromhex("0x1.fffdb6p-2"))
 _P4 = np.float32(float.fromhex("0x1.ffffecp-1"))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _expf_sse2(x: np.float32) -> np.float32:
     """One lane of ggml_v_expf for SSE2 without FMA (vec.h): multiply and add round separately."""
     r = _R
@@ -451,7 +451,7 @@ def _expf_sse2(x: np.float32) -> np.float32:
     return (s2 * j + s2) * s1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
     """out = silu(gate) * up as ggml_vec_swiglu_f32: the SSE2 ggml_v_silu on groups of four, the
     scalar x / (1 + expf(-x)) on the remainder."""
@@ -491,7 +491,7 @@ def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> 
     _geglu(out, gate, up, _GELU_TABLE, n, d)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _geglu(out, gate, up, table, n, d):  # type: ignore[no-untyped-def]
     for t in range(n):
         for i in range(d):

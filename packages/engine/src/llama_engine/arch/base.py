@@ -13,6 +13,7 @@ them. Weights stay quantized: each matrix is a `llama_quant.kernels.exact.ExactM
 from __future__ import annotations
 
 import mmap
+import threading
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -36,6 +37,11 @@ __all__ = [
 ]
 
 ARCHITECTURES: dict[str, type[DecoderModel]] = {}
+
+# The kernels release the GIL (so an HTTP thread runs while the engine computes). One forward pass at a time
+# per process: numba's fallback threading layer (workqueue, when neither OpenMP nor TBB is present) aborts on
+# concurrent parallel launches, and each model keeps reusable scratch buffers.
+_FORWARD_LOCK = threading.Lock()
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -280,15 +286,16 @@ class DecoderModel:
     def forward(self, batch: Batch, kv: KVCache) -> tuple[np.ndarray, np.ndarray]:
         """Run the batch; returns (logits [n_out, n_vocab], final-normed hidden states [n_out, n_embd])
         for the tokens with `batch.output` set, in batch order."""
-        x = self.embed(batch.tokens)
-        placed = kv.place(batch)
-        for il in range(self.config.n_layer):
-            x = self.block(il, x, batch, kv, placed)
-        rows = np.flatnonzero(batch.output)
-        h = np.ascontiguousarray(x[rows])
-        out = np.empty_like(h)
-        ops.rms_norm(out, h, self.output_norm, self.config.rms_eps, len(rows), self.config.n_embd)
-        return self.finish_logits(_linear(self.output, out)), out
+        with _FORWARD_LOCK:
+            x = self.embed(batch.tokens)
+            placed = kv.place(batch)
+            for il in range(self.config.n_layer):
+                x = self.block(il, x, batch, kv, placed)
+            rows = np.flatnonzero(batch.output)
+            h = np.ascontiguousarray(x[rows])
+            out = np.empty_like(h)
+            ops.rms_norm(out, h, self.output_norm, self.config.rms_eps, len(rows), self.config.n_embd)
+            return self.finish_logits(_linear(self.output, out)), out
 
     def finish_logits(self, logits: np.ndarray) -> np.ndarray:
         return logits

@@ -222,7 +222,7 @@ def _make(
     raise ValueError(f"unknown sampler {name!r}")
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _presample(logits, n_top, token):
     """Server ``get_token_probabilities``: softmax of raw logits, the n_top best, and token's prob."""
     n = logits.shape[0]

@@ -121,13 +121,13 @@ class DryVocab:
         return entries
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rat(ring, first, size, i):
     # ring_buffer::rat(i): the i-th token counting back from the newest
     return ring[(first + size - i - 1) % ring.shape[0]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dry_apply(
     ids, logits, n, ring, meta, head_start, head_len, tail_off, tail_tok, single,
     multiplier, base, allowed_length, last_n, repeat_count, max_rep, identity,

@@ -49,7 +49,7 @@ _NEG_INF = np.float32(-np.inf)
 _NEG_FLT_MAX = np.float32(-3.4028234663852886e38)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def softmax(ids, logits, probs, n, is_sorted, do_sort):
     """``llama_sampler_softmax_impl``: probs from logits in float32; returns the sorted flag."""
     if do_sort and not is_sorted:
@@ -70,7 +70,7 @@ def softmax(ids, logits, probs, n, is_sorted, do_sort):
     return is_sorted
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def top_k(ids, logits, probs, n, is_sorted, k):
     """``llama_sampler_top_k_impl``; returns the new n (the array is sorted afterwards when k > 0)."""
     if k <= 0:
@@ -81,7 +81,7 @@ def top_k(ids, logits, probs, n, is_sorted, k):
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def top_p(ids, logits, probs, n, is_sorted, p, min_keep):
     """``llama_sampler_top_p_apply`` (p < 1); returns the new n, the array ends sorted."""
     softmax(ids, logits, probs, n, is_sorted, False)
@@ -110,7 +110,7 @@ def top_p(ids, logits, probs, n, is_sorted, p, min_keep):
         order = top_positions(logits, n, n)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def min_p(ids, logits, probs, n, is_sorted, p, min_keep):
     """``llama_sampler_min_p_apply`` (p > 0); returns (n, sorted)."""
     if n == 0:
@@ -145,7 +145,7 @@ def min_p(ids, logits, probs, n, is_sorted, p, min_keep):
     return i, is_sorted
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def typical(ids, logits, probs, n, is_sorted, p, min_keep):
     """``llama_sampler_typical_apply`` (p < 1); returns the new n, the array ends unsorted."""
     softmax(ids, logits, probs, n, is_sorted, True)
@@ -173,7 +173,7 @@ def typical(ids, logits, probs, n, is_sorted, p, min_keep):
     return last_idx
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def temp(logits, n, t):
     """``llama_sampler_temp_impl``: divide by t, or keep only the first maximum when t <= 0."""
     if n == 0:
@@ -193,7 +193,7 @@ def temp(logits, n, t):
         logits[i] = logits[i] / t
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def temp_ext(ids, logits, probs, n, is_sorted, t, delta, exponent):
     """``llama_sampler_temp_ext_apply`` (dynamic temperature); returns the sorted flag."""
     if delta <= _F0:
@@ -224,7 +224,7 @@ def temp_ext(ids, logits, probs, n, is_sorted, t, delta, exponent):
     return is_sorted
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def xtc(state, ids, logits, probs, n, is_sorted, probability, threshold, min_keep):
     """``llama_sample_xtc_apply`` (enabled); returns (n, sorted). Drops the leading tokens above threshold."""
     if n < 2:
@@ -248,7 +248,7 @@ def xtc(state, ids, logits, probs, n, is_sorted, probability, threshold, min_kee
     return n, is_sorted
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def top_n_sigma(logits, n, nsig):
     """``llama_sampler_top_n_sigma_apply`` (n > 0): mask logits below max - nsig * std to -inf."""
     if n <= 1:
@@ -277,7 +277,7 @@ def top_n_sigma(logits, n, nsig):
             logits[i] = _NEG_INF
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def ring_push(ring, meta, token):
     """``ring_buffer::push_back`` on ring: int32[cap], meta: int64[3] = (first, size, pos)."""
     cap = ring.shape[0]
@@ -289,14 +289,14 @@ def ring_push(ring, meta, token):
     meta[2] = (meta[2] + 1) % cap
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def ring_push_many(ring, meta, tokens):
     """ring_push for each of tokens, in order."""
     for j in range(tokens.shape[0]):
         ring_push(ring, meta, tokens[j])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def penalties_accept(ring, meta, counts, tokens):
     """``llama_sampler_penalties_accept`` for each of tokens: the last tokens and their counts.
 
@@ -315,7 +315,7 @@ def penalties_accept(ring, meta, counts, tokens):
         ring_push(ring, meta, token)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _penalize(logits, i, c, repeat, freq, present):
     v = logits[i]
     if v <= _F0:
@@ -325,7 +325,7 @@ def _penalize(logits, i, c, repeat, freq, present):
     logits[i] = v - (np.float32(c) * freq + _F1 * present)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def penalties(ids, logits, n, counts, ring, meta, mark, identity, repeat, freq, present):
     """``llama_sampler_penalties_apply`` (enabled): repetition, frequency and presence penalties.
 
@@ -351,7 +351,7 @@ def penalties(ids, logits, n, counts, ring, meta, mark, identity, repeat, freq, 
             _penalize(logits, i, c, repeat, freq, present)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def logit_bias(ids, logits, n, tokens, biases):
     """``llama_sampler_logit_bias_apply``: add biases in list order (duplicates add twice)."""
     m = tokens.shape[0]
@@ -373,7 +373,7 @@ def logit_bias(ids, logits, n, tokens, biases):
                 break
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def greedy(logits, n):
     """``llama_sampler_greedy_apply``: index of the first maximum."""
     sel = 0
@@ -383,7 +383,7 @@ def greedy(logits, n):
     return sel
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dist(state, logits, probs, n, is_sorted):
     """``llama_sampler_dist_apply``: softmax with a double sum, one uniform double draw, scan.
 
@@ -420,7 +420,7 @@ def dist(state, logits, probs, n, is_sorted):
     return selected
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _float_to_int32(x):
     # C++ int(float) on x86: out-of-range and NaN give INT_MIN
     if x > np.float32(-2147483649.0) and x < np.float32(2147483648.0):
@@ -428,7 +428,7 @@ def _float_to_int32(x):
     return -2147483648
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def mirostat(state, ids, logits, probs, n, is_sorted, n_vocab, tau, eta, m, mu):
     """``llama_sampler_mirostat_apply`` (v1); mu: float32[1] updated in place. Returns (n, selected)."""
     softmax(ids, logits, probs, n, is_sorted, True)
@@ -456,7 +456,7 @@ def mirostat(state, ids, logits, probs, n, is_sorted, n_vocab, tau, eta, m, mu):
     return n, idx
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def mirostat_v2(state, ids, logits, probs, n, is_sorted, tau, eta, mu):
     """``llama_sampler_mirostat_v2_apply``; mu: float32[1] updated in place. Returns (n, selected)."""
     softmax(ids, logits, probs, n, is_sorted, True)

@@ -52,7 +52,7 @@ def mt_new(seed: int) -> np.ndarray:
     return state
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def mt_seed(state, seed):
     """``std::mt19937::seed(seed)``: the reference init_genrand recurrence."""
     x = np.uint64(seed) & np.uint64(0xFFFFFFFF)
@@ -63,7 +63,7 @@ def mt_seed(state, seed):
     state[_N] = _N
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _twist(state):
     for i in range(_N):
         y = (np.uint32(state[i]) & np.uint32(0x80000000)) | (
@@ -76,7 +76,7 @@ def _twist(state):
     state[_N] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def mt_next(state):
     """Next 32-bit output of the engine (tempered), as an unsigned 64-bit integer."""
     if state[_N] >= _N:
@@ -91,7 +91,7 @@ def mt_next(state):
     return y & np.uint64(0xFFFFFFFF)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def canonical_double(state):
     """libstdc++ ``generate_canonical<double, 53>``: two engine calls, low word first."""
     lo = np.float64(mt_next(state))
@@ -103,7 +103,7 @@ def canonical_double(state):
     return r
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def canonical_float(state):
     """libstdc++ ``generate_canonical<float, 24>``: one engine call, rounded to float first."""
     s = np.float32(mt_next(state))
@@ -113,7 +113,7 @@ def canonical_float(state):
     return r
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def discrete_sample(state, probs, n):
     """libstdc++ ``std::discrete_distribution<int>(probs[:n])(rng)``.
 

@@ -13,7 +13,7 @@ from numba import njit
 __all__ = ["argsort_desc", "gather_front", "sort_prefix", "top_positions"]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def argsort_desc(logits, n):
     """Stable argsort of logits[:n], largest first: LSD radix sort (11/11/10 bits) on order keys."""
     bits = logits[:n].view(np.uint32)
@@ -46,7 +46,7 @@ def argsort_desc(logits, n):
     return idx.astype(np.int64)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def top_positions(logits, n, k):
     """Positions of the k largest logits of [0, n), best first; ties keep the earlier position."""
     if k * 16 >= n:
@@ -92,7 +92,7 @@ def top_positions(logits, n, k):
     return pos[np.argsort(-vals, kind="mergesort")]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gather_front(ids, logits, probs, n, order, m):
     """Candidates order[:m] (positions into [0, n)) become [0, m), in that order."""
     sel = order[:m]
@@ -104,7 +104,7 @@ def gather_front(ids, logits, probs, n, order, m):
     probs[:m] = t_probs
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sort_prefix(ids, logits, probs, n, k):
     """Move the k best candidates of [0, n) to [0, k), sorted by logit descending; [k, n) is
     left undefined (the caller truncates). ``llama_token_data_array_partial_sort_inplace``.

@@ -48,7 +48,7 @@ def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
     return blocks[..., offset : offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def quantize_q8(xq, xd, xs, x, n, cols, block, sum_block):  # pragma: no cover - numba
     """Quantize ``x[n, cols]`` to int8 blocks of ``block`` values (32: Q8_0, 256: Q8_K).
 

@@ -18,7 +18,7 @@ from numba import float32, int16, uint64
 __all__ = ["deq_q2k", "deq_q3k", "deq_q4", "deq_q5", "deq_q6k", "deq_q8", "deq_q45k"]
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_q4(wt, qs, d, m, g0, n, nb, has_min):  # pragma: no cover - numba
     R = uint64(d.shape[1] // nb)
     for i in range(n):
@@ -38,7 +38,7 @@ def deq_q4(wt, qs, d, m, g0, n, nb, has_min):  # pragma: no cover - numba
                     hi[c0 + k] = s * float32(int16(v >> 4) - int16(8)) + mm
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_q5(wt, qs, qh, d, m, g0, n, nb, has_min):  # pragma: no cover - numba
     R = uint64(d.shape[1] // nb)
     for i in range(n):
@@ -62,7 +62,7 @@ def deq_q5(wt, qs, qh, d, m, g0, n, nb, has_min):  # pragma: no cover - numba
                     hi[c0 + k] = s * float32(qu - int16(16)) + mm
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_q8(wt, qs, d, g0, n, nb):  # pragma: no cover - numba
     R = uint64(d.shape[1] // nb)
     for i in range(n):
@@ -76,7 +76,7 @@ def deq_q8(wt, qs, d, g0, n, nb):  # pragma: no cover - numba
                     row[c0 + k] = d[g, b * R + k] * float32(qs[g, o + k])
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_q45k(wt, qs, qh, sc, mn, d, dm, g0, n, nsb, five):  # pragma: no cover - numba
     R = uint64(d.shape[1] // nsb)
     for i in range(n):
@@ -106,7 +106,7 @@ def deq_q45k(wt, qs, qh, sc, mn, d, dm, g0, n, nsb, five):  # pragma: no cover -
                         )
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_q6k(wt, ql, qh, sc, d, g0, n, nsb):  # pragma: no cover - numba
     R = uint64(d.shape[1] // nsb)
     for i in range(n):
@@ -140,7 +140,7 @@ def deq_q6k(wt, ql, qh, sc, d, g0, n, nsb):  # pragma: no cover - numba
                         r4[c0 + k] = dd * float32(sc[g, so + uint64(6) * R + k]) * float32(int16(v4) - 32)
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_q2k(wt, qs, sc, d, dm, g0, n, nsb):  # pragma: no cover - numba
     R = uint64(d.shape[1] // nsb)
     for i in range(n):
@@ -161,7 +161,7 @@ def deq_q2k(wt, qs, sc, d, dm, g0, n, nsb):  # pragma: no cover - numba
                             ] * float32(b >> 4)
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_q3k(wt, qs, hm, sc, d, g0, n, nsb):  # pragma: no cover - numba
     R = uint64(d.shape[1] // nsb)
     for i in range(n):

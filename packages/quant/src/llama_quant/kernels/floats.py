@@ -21,7 +21,7 @@ __all__ = ["deq_f16", "mv_f16"]
 _TWO_112 = float32(2.0**112)
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _widen(f, u, row, cols, bf16):  # pragma: no cover - numba
     """row: [cols] uint16 F16/BF16 words -> f: [cols] f32 (u: the same scratch seen as uint32)."""
     if bf16:
@@ -35,7 +35,7 @@ def _widen(f, u, row, cols, bf16):  # pragma: no cover - numba
             f[i] = f[i] * _TWO_112
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_f16(out, w, x, n, rows, cols, bf16):  # pragma: no cover - numba
     """out[n, rows] = x[n, cols] @ w.T for w: [rows, cols] uint16 words of F16 (bf16 False) or BF16."""
     for c in prange(N_CHUNKS):
@@ -51,7 +51,7 @@ def mv_f16(out, w, x, n, rows, cols, bf16):  # pragma: no cover - numba
                 out[t, r] = acc
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def deq_f16(dst, w, r0, m, cols, bf16):  # pragma: no cover - numba
     """dst[0:m, cols] f32 = rows r0 .. r0 + m - 1 of w (F16 or BF16 words); on the calling thread, as the
     dequantization kernels of the BLAS path (see ``deq``)."""

@@ -117,7 +117,7 @@ def pack(name: str, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, 
 # Helpers marked inline="always" are called with literal bit offsets so that every shift is a constant.
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _sub_terms(isum, imin, sc, mn, xs, s, j, centre, R):  # pragma: no cover - numba
     """Sub-blocks j (values 32j..32j+31 of super-block s) of Q4_K/Q5_K: add the re-centring and min terms
     ``sc * centre * bsum`` to isum and ``mn * bsum`` to imin (bsum: Q8_K sums per 16 values)."""
@@ -129,7 +129,7 @@ def _sub_terms(isum, imin, sc, mn, xs, s, j, centre, R):  # pragma: no cover - n
         imin[k] += int32(mn[so + k]) * bs
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _flush2(isum, sc, so, a, b, R):  # pragma: no cover - numba
     """isum += sc[so] * a + sc[so + R] * b (per row), then clear the int16 sums a, b."""
     for k in range(R):
@@ -138,7 +138,7 @@ def _flush2(isum, sc, so, a, b, R):  # pragma: no cover - numba
         b[k] = 0
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _chunk_q4k(isum, imin, qs, sc, mn, xq, xs, s, c, a, b, R):  # pragma: no cover - numba
     xo = s * uint64(256) + c * uint64(64)
     qo = (s * uint64(4) + c) * uint64(32) * R
@@ -172,7 +172,7 @@ def _chunk_q4k(isum, imin, qs, sc, mn, xq, xs, s, c, a, b, R):  # pragma: no cov
         imin[k] += int32(mn[so + k]) * ba + int32(mn[so + R + k]) * bb
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _chunk_q5k(isum, qs, qh, sc, xq, xs, s, c, sh, a, b, R):  # pragma: no cover - numba
     xo = s * uint64(256) + c * uint64(64)
     qo = (s * uint64(4) + c) * uint64(32) * R
@@ -200,7 +200,7 @@ def _chunk_q5k(isum, qs, qh, sc, xq, xs, s, c, sh, a, b, R):  # pragma: no cover
         _flush2(isum, sc, (s * uint64(8) + uint64(2) * c) * R, a, b, R)
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def _tile_q45k(y, qs, qh, sc, mn, d, dm, xq, xd, xs, nsb, a, b, isum, imin, R, five):  # pragma: no cover
     for k in range(R):
         y[k] = 0.0
@@ -225,7 +225,7 @@ def _tile_q45k(y, qs, qh, sc, mn, d, dm, xq, xd, xs, nsb, a, b, isum, imin, R, f
             y[k] += dx * (d[o + k] * float32(isum[k]) - dm[o + k] * float32(imin[k]))
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _flush4(isum, sc, so, a1, a2, a3, a4, R):  # pragma: no cover - numba
     """isum += sum_i sc[so + 2 i R] * a_i for the 4 sub-blocks of stride 2 (Q6_K/Q2_K/Q3_K), clear a_i."""
     for k in range(R):
@@ -241,7 +241,7 @@ def _flush4(isum, sc, so, a1, a2, a3, a4, R):  # pragma: no cover - numba
         a4[k] = 0
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def _tile_q6k(y, ql, qh, sc, d, xq, xd, nsb, a1, a2, a3, a4, isum):  # pragma: no cover - numba
     # the tile height as a compile-time constant: every row loop has a known trip count of 64 (4 ymm
     # steps), which LLVM unrolls with no remainder loop or per-entry trip checks (about 14% faster here)
@@ -284,7 +284,7 @@ def _tile_q6k(y, ql, qh, sc, d, xq, xd, nsb, a1, a2, a3, a4, isum):  # pragma: n
             y[k] += dx * d[o + k] * float32(isum[k])
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def _tile_q2k(y, qs, sc, d, dm, xq, xd, xs, nsb, a1, a2, a3, a4, isum, imin, R):  # pragma: no cover
     for k in range(R):
         y[k] = 0.0
@@ -332,7 +332,7 @@ def _tile_q2k(y, qs, sc, d, dm, xq, xd, xs, nsb, a1, a2, a3, a4, isum, imin, R):
             y[k] += dx * (d[o + k] * float32(isum[k]) - dm[o + k] * float32(imin[k]))
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _half_q3k(isum, qs, hm, sc, xq, s, n, hsh, a1, a2, a3, a4, R):  # pragma: no cover - numba
     xo = s * uint64(256) + n * uint64(128)
     qo = (s * uint64(2) + n) * uint64(32) * R
@@ -357,7 +357,7 @@ def _half_q3k(isum, qs, hm, sc, xq, s, n, hsh, a1, a2, a3, a4, R):  # pragma: no
         _flush4(isum, sc, (s * uint64(16) + n * uint64(8) + half) * R, a1, a2, a3, a4, R)
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def _tile_q3k(y, qs, hm, sc, d, xq, xd, nsb, a1, a2, a3, a4, isum, R):  # pragma: no cover - numba
     for k in range(R):
         y[k] = 0.0
@@ -375,14 +375,14 @@ def _tile_q3k(y, qs, hm, sc, d, xq, xd, nsb, a1, a2, a3, a4, isum, R):  # pragma
 # --- drivers: out[n, rows] = X[n, cols] @ W.T, prange over N_CHUNKS chunks of tiles --------------------
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _store(out, y, t, g, rows, R):  # pragma: no cover - numba
     r0 = g * R
     for k in range(min(R, rows - r0)):
         out[t, r0 + k] = y[k]
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_q45k(out, qs, qh, sc, mn, d, dm, xq, xd, xs, n, rows, nsb, five):  # pragma: no cover - numba
     """Q4_K (five False, qh ignored) and Q5_K against Q8_K activations."""
     G = qs.shape[0]
@@ -417,7 +417,7 @@ def mv_q45k(out, qs, qh, sc, mn, d, dm, xq, xd, xs, n, rows, nsb, five):  # prag
                 _store(out, y, t, g, rows, R)
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_q6k(out, ql, qh, sc, d, xq, xd, n, rows, nsb):  # pragma: no cover - numba
     """Q6_K against Q8_K activations."""
     G = ql.shape[0]
@@ -435,7 +435,7 @@ def mv_q6k(out, ql, qh, sc, d, xq, xd, n, rows, nsb):  # pragma: no cover - numb
                 _store(out, y, t, g, rows, R)
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_q2k(out, qs, sc, d, dm, xq, xd, xs, n, rows, nsb):  # pragma: no cover - numba
     """Q2_K against Q8_K activations."""
     G = qs.shape[0]
@@ -456,7 +456,7 @@ def mv_q2k(out, qs, sc, d, dm, xq, xd, xs, n, rows, nsb):  # pragma: no cover - 
                 _store(out, y, t, g, rows, R)
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_q3k(out, qs, hm, sc, d, xq, xd, n, rows, nsb):  # pragma: no cover - numba
     """Q3_K against Q8_K activations."""
     G = qs.shape[0]

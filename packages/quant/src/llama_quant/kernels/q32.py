@@ -47,7 +47,7 @@ def pack(name: str, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, 
 # --- per-tile inner kernels: y[0:R] = tile rows . one quantized activation row ---------------------------
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def _tile_q4(y, qs, d, m, xq, xd, xs, nb, acc, R, has_min):  # pragma: no cover - numba
     for k in range(R):
         y[k] = 0.0
@@ -79,7 +79,7 @@ def _tile_q4(y, qs, d, m, xq, xd, xs, nb, acc, R, has_min):  # pragma: no cover 
                 y[k] += d[do + k] * (s * float32(acc[k]))
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _step_q5(qs, qh, xq, acc, acc2, xo, qo, ho, j, R):  # pragma: no cover - numba
     """Values j, j+8 (into acc) and j+16, j+24 (into acc2) of a Q5 block; j is a literal at each call, so
     the 5th-bit shifts are constants (a per-lane variable shift would widen the lanes to 64 bits)."""
@@ -101,7 +101,7 @@ def _step_q5(qs, qh, xq, acc, acc2, xo, qo, ho, j, R):  # pragma: no cover - num
         acc2[k] += (int16(v0 >> 4) + h2) * x2 + (int16(v1 >> 4) + h3) * x3
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def _tile_q5(y, qs, qh, d, m, xq, xd, xs, nb, acc, acc2, R, has_min):  # pragma: no cover - numba
     for k in range(R):
         y[k] = 0.0
@@ -137,7 +137,7 @@ def _tile_q5(y, qs, qh, d, m, xq, xd, xs, nb, acc, acc2, R, has_min):  # pragma:
                 y[k] += d[do + k] * (s * float32(int32(acc[k]) + int32(acc2[k])))
 
 
-@numba.njit(cache=True, fastmath=True)
+@numba.njit(cache=True, nogil=True, fastmath=True)
 def _tile_q8(y, qs, d, xq, xd, nb, acc, R):  # pragma: no cover - numba
     for k in range(R):
         y[k] = 0.0
@@ -162,14 +162,14 @@ def _tile_q8(y, qs, d, xq, xd, nb, acc, R):  # pragma: no cover - numba
 # --- drivers: out[n, rows] = X[n, cols] @ W.T, prange over N_CHUNKS chunks of tiles --------------------
 
 
-@numba.njit(cache=True, fastmath=True, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _store(out, y, t, g, rows, R):  # pragma: no cover - numba
     r0 = g * R
     for k in range(min(R, rows - r0)):
         out[t, r0 + k] = y[k]
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_q4(out, qs, d, m, xq, xd, xs, n, rows, nb, has_min):  # pragma: no cover - numba
     """Q4_0 (has_min False, m ignored) and Q4_1 against Q8_0 activations."""
     G = qs.shape[0]
@@ -185,7 +185,7 @@ def mv_q4(out, qs, d, m, xq, xd, xs, n, rows, nb, has_min):  # pragma: no cover 
                 _store(out, y, t, g, rows, R)
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_q5(out, qs, qh, d, m, xq, xd, xs, n, rows, nb, has_min):  # pragma: no cover - numba
     """Q5_0 (has_min False) and Q5_1 against Q8_0 activations."""
     G = qs.shape[0]
@@ -200,7 +200,7 @@ def mv_q5(out, qs, qh, d, m, xq, xd, xs, n, rows, nb, has_min):  # pragma: no co
                 _store(out, y, t, g, rows, R)
 
 
-@numba.njit(cache=True, fastmath=True, parallel=True)
+@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
 def mv_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
     """Q8_0 against Q8_0 activations."""
     G = qs.shape[0]
