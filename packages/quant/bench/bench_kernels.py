@@ -6,12 +6,14 @@
     python packages/quant/bench/bench_kernels.py --asm           # vector registers in each inner kernel
 
 Prints best-of-N times (the machine is shared: the minimum is the least disturbed run), GMAC/s and GB/s
-of weight bytes read (counted in ggml's raw size, what llama.cpp reads). Shapes marked "cold" cycle over
+of weight bytes read (counted in ggml's raw size, what llama.cpp reads): first ``QuantMatrix`` (fast kernels,
+fastmath), then ``ExactMatrix`` ("exact": the kernels the engine runs, bit for bit ggml's generic results). Shapes marked "cold" cycle over
 enough copies of the matrix (>= 96 MB) that each call reads from DRAM, not from the 32 MB L3.
 
 The ggml columns time the same product through llama.cpp's own CPU backend (libggml-cpu.so from
 llama-cpp-python, via ctypes: a mul_mat graph computed with a persistent 2-thread threadpool), one
-immediately after the other; "ratio" is ggml time / our time (> 1: we are faster). Pass --no-ggml to skip.
+immediately after the other; "ratio" is ggml time / our time (> 1: we are faster), "exact ratio" the same
+for ExactMatrix. Pass --no-ggml to skip.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llama_quant.kernels import QuantMatrix
+from llama_quant.kernels.exact import ExactMatrix
+from llama_quant.kernels.exact.matrix import SUPPORTED_TYPES as EXACT_TYPES
 from llama_quant.kernels.matrix import _SPECS
 
 # byte offsets of f16 scale fields per block (random bytes there could be inf/nan)
@@ -173,7 +177,7 @@ def raw_nbytes(qtype: T, rows: int, cols: int) -> int:
     return rows * cols // spec.block * spec.block_bytes
 
 
-def _matvec_nth(mats: list[QuantMatrix], x: np.ndarray, out: np.ndarray, i: int) -> None:
+def _matvec_nth(mats: list[QuantMatrix] | list[ExactMatrix], x: np.ndarray, out: np.ndarray, i: int) -> None:
     mats[i % len(mats)].matvec(x, out)
 
 
@@ -191,9 +195,9 @@ def _blas_path(m: QuantMatrix, x: np.ndarray, out: np.ndarray, _: int) -> None:
 
 def bench_matvec(types: list[T], repeat: int, ggml: GGML | None) -> None:
     rng = np.random.default_rng(0)
-    hdr = f"{'type':5} {'shape':>12} {'mem':4} {'us':>8} {'GMAC/s':>7} {'GB/s':>6}"
+    hdr = f"{'type':5} {'shape':>12} {'mem':4} {'us':>8} {'GMAC/s':>7} {'GB/s':>6} {'exact us':>8} {'exact GB/s':>10}"
     if ggml:
-        hdr += f" {'ggml us':>8} {'ggml GB/s':>9} {'ratio':>6}"
+        hdr += f" {'ggml us':>8} {'ggml GB/s':>9} {'ratio':>6} {'exact ratio':>11}"
     print(hdr)
     for qtype in types:
         shapes = [(s, "warm") for m in REAL_SHAPES.values() for s in m]
@@ -211,11 +215,19 @@ def bench_matvec(types: list[T], repeat: int, ggml: GGML | None) -> None:
             t = best_time(functools.partial(_matvec_nth, mats, x, out), calls, repeat)
             line = f"{qtype.name:5} {rows:>6}x{cols:<5} {mem:4} {t * 1e6:8.1f} {rows * cols / t / 1e9:7.2f} {nbytes / t / 1e9:6.2f}"
             del mats
+            if qtype in EXACT_TYPES:  # the engine's kernels: bit-exact with ggml's generic C code
+                exact = [ExactMatrix(r, qtype, rows, cols) for r in raws]
+                te = best_time(functools.partial(_matvec_nth, exact, x, out), calls, repeat)
+                line += f" {te * 1e6:8.1f} {nbytes / te / 1e9:10.2f}"
+                del exact
+            else:
+                te = float("nan")
+                line += f" {'-':>8} {'-':>10}"
             if ggml:
                 run = ggml.prepare(raws, qtype, rows, cols, 1)
                 tg = best_time(run, calls, repeat)
                 ggml.release()
-                line += f" {tg * 1e6:8.1f} {nbytes / tg / 1e9:9.2f} {tg / t:6.2f}"
+                line += f" {tg * 1e6:8.1f} {nbytes / tg / 1e9:9.2f} {tg / t:6.2f} {tg / te:11.2f}"
             print(line, flush=True)
 
 

@@ -12,8 +12,17 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .matrix import SUPPORTED_TYPES, Activations, QuantMatrix
+from .threads import release_worker_threads
 
-__all__ = ["SUPPORTED_TYPES", "Activations", "QuantMatrix", "matmul", "matvec", "warmup"]
+__all__ = [
+    "SUPPORTED_TYPES",
+    "Activations",
+    "QuantMatrix",
+    "matmul",
+    "matvec",
+    "release_worker_threads",
+    "warmup",
+]
 
 
 def matvec(

@@ -22,7 +22,7 @@ from numba import float32, float64, int32, uint32, uint64
 __all__ = ["quantize_bf16", "quantize_f16", "quantize_q8", "quantize_q8_k"]
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _roundf(v):  # pragma: no cover - numba
     """C's ``(int8_t)roundf(v)`` for an f32 ``v``: half away from zero, then the int8 store as x86 does it
     (cvttss2si and the low byte; inf and nan give INT_MIN, whose low byte is 0)."""
@@ -38,7 +38,7 @@ def _roundf(v):  # pragma: no cover - numba
     return int32(np.int8(t))
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _nearest_int(f, fs, us):  # pragma: no cover - numba
     """ggml's nearest_int of an f32: the bits of ``f + 12582912.f`` (half to even for |f| < 2**22; inf,
     nan and huge values give what the bit trick gives). fs / us: one f32 of scratch and its uint32 view."""
@@ -48,7 +48,7 @@ def _nearest_int(f, fs, us):  # pragma: no cover - numba
     return int32(us[0] & uint32(0x007FFFFF)) - int32(0x00400000)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def f16_round(v):  # pragma: no cover - numba
     """The f32 value of ``fp16(v)`` rounded to nearest even (ggml's GGML_FP32_TO_FP16), as f32."""
     a = abs(float64(v))
@@ -64,7 +64,7 @@ def f16_round(v):  # pragma: no cover - numba
     return float32(math.copysign(r, float64(v)))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def bf16_round(v):  # pragma: no cover - numba
     """The f32 value of ``bf16(v)`` (ggml_compute_fp32_to_bf16: round to nearest even, nan kept quiet)."""
     u = np.empty(1, np.float32)
@@ -78,7 +78,7 @@ def bf16_round(v):  # pragma: no cover - numba
     return u[0]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def quantize_q8(xq, xd, xs, xsum16, x, n, cols):  # pragma: no cover - numba
     """Q8_0 and Q8_1 of ``x[n, cols]``: xq[n, cols] int8; xd[n, cols/32] f32 = fp16(d); xs[n, cols/32]
     f32 = fp16(sum * d) (Q8_1's s); xsum16[n, cols/16] int32 = sums of q per 16 values."""
@@ -110,7 +110,7 @@ def quantize_q8(xq, xd, xs, xsum16, x, n, cols):  # pragma: no cover - numba
             xsum16[t, uint64(2) * b + uint64(1)] = s1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def quantize_q8_k(xq, xd, xsum16, x, n, cols):  # pragma: no cover - numba
     """Q8_K of ``x[n, cols]``: xq[n, cols] int8; xd[n, cols/256] f32 d; xsum16[n, cols/16] int32 bsums."""
     nb = uint64(cols // 256)
@@ -146,7 +146,7 @@ def quantize_q8_k(xq, xd, xsum16, x, n, cols):  # pragma: no cover - numba
             xd[t, b] = float32(1.0) / iscale
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def quantize_f16(xh, x, n, cols):  # pragma: no cover - numba
     """xh[n, cols] f32 = fp16(x) (round to nearest even), the F16 vec_dot type."""
     for t in range(uint64(n)):
@@ -154,7 +154,7 @@ def quantize_f16(xh, x, n, cols):  # pragma: no cover - numba
             xh[t, i] = f16_round(x[t, i])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def quantize_bf16(xh, x, n, cols):  # pragma: no cover - numba
     """xh[n, cols] f32 = bf16(x) (round to nearest even), the BF16 vec_dot type."""
     for t in range(uint64(n)):

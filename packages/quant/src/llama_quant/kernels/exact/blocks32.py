@@ -69,7 +69,7 @@ def pack(name: str, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, 
 # --- per-tile kernels: y[0:R] = the tile's rows . one quantized activation row ---------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tile_q4(y, qs, d, m, xq, xd, xs, xsum, nb, acc, R, has_min):  # pragma: no cover - numba
     for k in range(R):
         y[k] = float32(0.0)
@@ -100,7 +100,7 @@ def _tile_q4(y, qs, d, m, xq, xd, xs, xsum, nb, acc, R, has_min):  # pragma: no 
                 y[k] = y[k] + (float32(acc[k]) * d[do + k]) * dy
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _step_q5(qs, qh, xq, acc, acc2, xo, qo, ho, j, R):  # pragma: no cover - numba
     """Values j, j+8 (into acc) and j+16, j+24 (into acc2) of a Q5 block; j is a literal at each call, so
     the 5th-bit shifts are constants (a variable shift would widen the lanes to 64 bits)."""
@@ -122,7 +122,7 @@ def _step_q5(qs, qh, xq, acc, acc2, xo, qo, ho, j, R):  # pragma: no cover - num
         acc2[k] += (int16(v0 >> 4) + h2) * x2 + (int16(v1 >> 4) + h3) * x3
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tile_q5(y, qs, qh, d, m, xq, xd, xs, xsum, nb, acc, acc2, R, has_min):  # pragma: no cover - numba
     for k in range(R):
         y[k] = float32(0.0)
@@ -160,7 +160,7 @@ def _tile_q5(y, qs, qh, d, m, xq, xd, xs, xsum, nb, acc, acc2, R, has_min):  # p
                 y[k] = y[k] + (d[do + k] * dy) * sumi
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tile_q8(y, qs, d, xq, xd, nb, acc, R):  # pragma: no cover - numba
     for k in range(R):
         y[k] = float32(0.0)
@@ -185,14 +185,14 @@ def _tile_q8(y, qs, d, xq, xd, nb, acc, R):  # pragma: no cover - numba
 # --- drivers: out[n, rows] = X[n, cols] @ W.T, prange over N_CHUNKS chunks of tiles --------------------
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _store(out, y, t, g, rows, R):  # pragma: no cover - numba
     r0 = g * R
     for k in range(min(R, rows - r0)):
         out[t, r0 + k] = y[k]
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mv_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
     """Q4_0 (has_min False, m ignored; activations Q8_0) and Q4_1 (activations Q8_1)."""
     G = qs.shape[0]
@@ -206,7 +206,7 @@ def mv_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no 
                 _store(out, y, t, g, rows, R)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mv_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
     """Q5_0 (has_min False; activations Q8_0) and Q5_1 (activations Q8_1)."""
     G = qs.shape[0]
@@ -221,7 +221,7 @@ def mv_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma:
                 _store(out, y, t, g, rows, R)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mv_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
     """Q8_0 against Q8_0 activations."""
     G = qs.shape[0]

@@ -32,7 +32,7 @@ def pack(qtype: T, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, .
     return (row_minor(tile_rows(w, rows)),)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mv_float(out, w, x, n, rows, cols):  # pragma: no cover - numba
     """out[n, rows] = x[n, cols] @ W.T, W tiled f32 (module doc), x already rounded to the weights' type."""
     G = w.shape[0]

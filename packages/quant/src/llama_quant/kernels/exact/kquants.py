@@ -65,7 +65,7 @@ def pack(qtype: T, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, .
 # --- the float step shared by every K type ---------------------------------------------------------------
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _min_sums(isc, mn, xsum, s, R, nsub):  # pragma: no cover - numba
     """isc[k] = sum over the super-block's 16 bsums of bsum * min (``nsub`` mins per super-block: 8 for
     Q4_K, 16 otherwise), ggml's ``sumi`` (Q4_K / Q5_K) or ``summs`` (Q2_K)."""
@@ -79,7 +79,7 @@ def _min_sums(isc, mn, xsum, s, R, nsub):  # pragma: no cover - numba
             isc[k] += int32(mn[mo + k]) * bs
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _float_step(y, sums, aux, isc, d, dmin, dy, s, R, kind):  # pragma: no cover - numba
     """One super-block's float operations for the tile's rows (module doc): ``aux`` the int32 lanes
     [8 * R], ``isc`` the min sums [R] (kinds 1 and 2)."""
@@ -102,7 +102,7 @@ def _float_step(y, sums, aux, isc, d, dmin, dy, s, R, kind):  # pragma: no cover
             y[k] = y[k] - (dmin[do + k] * dy) * float32(isc[k])
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _finish(y, sums, R, kind):  # pragma: no cover - numba
     if kind != 2:
         for lane in range(uint64(8)):
@@ -114,7 +114,7 @@ def _finish(y, sums, R, kind):  # pragma: no cover - numba
 # --- Q4_K: nibbles read straight from the raw bytes ------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tile_q4k(y, sums, aux, isc, qs, sc, mn, d, dmin, xq, xd, xsum, nsb, R):  # pragma: no cover - numba
     for k in range(R):
         y[k] = float32(0.0)
@@ -164,7 +164,7 @@ def _tile_q4k(y, sums, aux, isc, qs, sc, mn, d, dmin, xq, xd, xsum, nsb, R):  # 
     _finish(y, sums, R, 1)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mv_q4k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # pragma: no cover - numba
     """Q4_K: out[n, rows] = X @ W.T with X given as Q8_K (xq [n, cols], xd [n, nsb], xsum [n, cols / 16])."""
     G = qs.shape[0]
@@ -187,7 +187,7 @@ def mv_q4k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # pragma: no 
 # --- Q2_K, Q3_K, Q5_K, Q6_K: decoded int8 values --------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tile_k8(y, sums, aux, isc, q, sc, mn, d, dmin, xq, xd, xsum, nsb, R, kind):  # pragma: no cover - numba
     for k in range(R):
         y[k] = float32(0.0)
@@ -214,7 +214,7 @@ def _tile_k8(y, sums, aux, isc, q, sc, mn, d, dmin, xq, xd, xsum, nsb, R, kind):
     _finish(y, sums, R, kind)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mv_k8(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, kind):  # pragma: no cover - numba
     """Q2_K (kind 2), Q3_K / Q6_K (kind 0), Q5_K (kind 1) from the decoded int8 layout."""
     G = q.shape[0]

@@ -3,10 +3,10 @@ results bit for bit (ggml's generic C kernels: the activations quantized to the 
 reference quantizer, then one ``vec_dot`` per output element).
 
 A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
-vec_dot per element), so results do not depend on how tokens are batched. Products of Q4_0 and Q4_1 (any
-number of tokens), Q8_0 and Q5_0 (3 or more), Q5_1 (4), Q4_K (8) and Q6_K (16) go through ``pairs``
-(byte-pair multiply-adds on a tile unpacked once for all tokens): other integer arithmetic, the same
-sums, the same float steps.
+vec_dot per element), so results do not depend on how tokens are batched. On CPUs with AVX2, products of
+Q4_0, Q4_1, Q8_0, Q5_0 (as Q8_0), Q4_K and Q6_K go through ``pairs`` for every token count (byte-pair
+multiply-adds on tiles stored at load in the order those kernels read), and Q5_1 from 4 tokens on (on a
+tile unpacked once for all tokens): other integer arithmetic, the same sums, the same float steps.
 """
 
 from __future__ import annotations
@@ -110,24 +110,43 @@ class _Spec:
 
 
 def _b32(name: str, run: Callable[..., None], many: Callable[..., None], many_min: int) -> _Spec:
-    if name == "Q5_0":  # runs as the Q8_0 it widens to at load: 34 bytes a block instead of 22
-        pack = lambda raw, r, c: blocks32.pack("Q8_0", blocks32.q5_0_as_q8_0(raw, r, c), r, c)  # noqa: E731
-    else:
-        pack = lambda raw, r, c: blocks32.pack(name, raw, r, c)  # noqa: E731
+    def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
+        arrays = blocks32.pack(name, raw, r, c)
+        if name in ("Q4_0", "Q4_1") and pairs.AVAILABLE:  # pairs.mm_q4 takes every token count
+            return (pairs.q4_pair_layout(arrays[0], c // 32), *arrays[1:])
+        return arrays
+
     return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run, many if pairs.AVAILABLE else None, many_min)
 
 
+def _q8(name: str) -> _Spec:
+    """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22). With AVX2 the
+    tiles are stored in byte pairs (``pairs.q8_pair_layout``) and one kernel serves every token count."""
+
+    def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
+        if name == "Q5_0":
+            raw = blocks32.q5_0_as_q8_0(raw, r, c)
+        qs, d = blocks32.pack("Q8_0", raw, r, c)
+        return (pairs.q8_pair_layout(qs, c // 32), d) if pairs.AVAILABLE else (qs, d)
+
+    if pairs.AVAILABLE:
+        run = lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
+    else:
+        run = lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
+
+
 def _k(qtype: T, bb: int) -> _Spec:
+    if qtype in (T.Q4_K, T.Q6_K) and pairs.AVAILABLE:  # stored for the byte-pair kernels, every token count
+        pk = lambda raw, r, c: pairs.k_pair_layout(qtype, kquants.pack(qtype, raw, r, c), c // 256)  # noqa: E731
+        mm = pairs.mm_q4k if qtype == T.Q4_K else pairs.mm_q6k
+        return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: mm(o, *a, *x, n, r, nb))  # type: ignore[call-arg]
     pk = lambda raw, r, c: kquants.pack(qtype, raw, r, c)  # noqa: E731
     kind = kquants.KIND[qtype]
     if qtype == T.Q4_K:
         run = lambda a, o, x, n, r, nb: kquants.mv_q4k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
-        many = lambda a, o, x, n, r, nb: pairs.mm_q4k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
-        return _Spec(256, bb, "q8k", pk, run, many if pairs.AVAILABLE else None, 8)
-    run = lambda a, o, x, n, r, nb: kquants.mv_k8(o, *a, *x, n, r, nb, kind)  # type: ignore[call-arg]  # noqa: E731
-    if qtype == T.Q6_K:
-        many = lambda a, o, x, n, r, nb: pairs.mm_q6k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
-        return _Spec(256, bb, "q8k", pk, run, many if pairs.AVAILABLE else None, 16)
+    else:
+        run = lambda a, o, x, n, r, nb: kquants.mv_k8(o, *a, *x, n, r, nb, kind)  # type: ignore[call-arg]  # noqa: E731
     return _Spec(256, bb, "q8k", pk, run)
 
 
@@ -141,23 +160,16 @@ def _f(qtype: T, bb: int, fmt: str) -> _Spec:
     )
 
 
-# Q8_0's kernels, which Q5_0 shares (blocks32.q5_0_as_q8_0)
-_Q8_RUN = (
-    lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb),
-    lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb),
-    3,
-)
-
 # fmt: off
 _SPECS: dict[T, _Spec] = {
     T.Q4_0: _b32("Q4_0", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False),
                  lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False), 1),
     T.Q4_1: _b32("Q4_1", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True),
                  lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True), 1),
-    T.Q5_0: _b32("Q5_0", *_Q8_RUN),
+    T.Q5_0: _q8("Q5_0"),
     T.Q5_1: _b32("Q5_1", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True),
                  lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True), 4),
-    T.Q8_0: _b32("Q8_0", *_Q8_RUN),
+    T.Q8_0: _q8("Q8_0"),
     T.Q2_K: _k(T.Q2_K, 84),
     T.Q3_K: _k(T.Q3_K, 110),
     T.Q4_K: _k(T.Q4_K, 144),

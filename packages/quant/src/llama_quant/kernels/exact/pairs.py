@@ -2,25 +2,28 @@
 Q8_0, Q4_K and Q6_K, with the same numbers as ``blocks32`` and ``kquants``.
 
 A block's integer sum ``sumi`` is exact however it is formed, so only its float steps must follow ggml
-(they are ``blocks32``'s, unchanged). For a prompt, each tile of 64 weight rows is unpacked once into
-bytes laid out in pairs, ``U[((b * 16 + j) * 64 + r) * 2 + {0, 1}] = (value j, value j + 16)`` of block b of
-row r (the two nibbles of one ggml byte, plus the fifth bits for Q5), and then serves every token:
-``pmaddubsw`` multiplies 16 rows' pairs by one token's broadcast pair ``(x[j], x[j + 16])`` and adds each
-pair, 32 products per instruction. The unsigned values (0..15, 0..31) times int8 activations (|x| <= 127,
-ggml's Q8 quantizers) give pair sums of at most 2 * 31 * 127 = 7874, so 4 (Q5) or 8 (Q4) pairs add up in
-int16 without overflow before they are widened to int32. Q4_0 / Q5_0 subtract the offset afterwards
-(``sumi = sum q * x - 8 * sum x``, or 16). Q8_0's signed weights are unpacked to int16 pairs for
-``pmaddwd``; the K types' layouts are described at their kernels. The unpacking pays for itself from a
-measured number of tokens per type (``matrix``): at once for Q4_0 / Q4_1, from 16 tokens for Q6_K.
+(they are ``blocks32``'s and ``kquants``', unchanged). The weights sit in byte pairs: ``pmaddubsw``
+multiplies 16 rows' pairs ``(value j, value j + 16)`` of a block by one token's broadcast pair
+``(x[j], x[j + 16])`` and adds each pair, 32 products per instruction. The unsigned values (0..15, 0..31)
+times int8 activations (|x| <= 127, ggml's Q8 quantizers) give pair sums of at most 2 * 31 * 127 = 7874, so
+4 (Q5) or 8 (Q4) pairs add up in int16 without overflow before they are widened to int32. Q4_0 / Q5_0
+subtract the offset afterwards (``sumi = sum q * x - 8 * sum x``, or 16).
+
+Q4_0, Q4_1, Q8_0 (and Q5_0 widened to it), Q4_K and Q6_K are stored at load in the order their kernels read
+(``q4_pair_layout``, ``q8_pair_layout``, ``k_pair_layout``: 4-bit values two to a byte, as in the file), so
+one kernel serves a single token as well as a prompt. Q5_1 is unpacked per tile of 64 rows, once for all
+tokens of a call, from 4 tokens on (``matrix``). Q8_0's signed weights take ``pmaddwd`` on int8 pairs
+sign-extended from memory; the K types' layouts are described at their kernels.
 
 The instructions are AVX2's; ``AVAILABLE`` says whether this CPU (and numba's target) has it. Without it the
-callers use ``blocks32``'s kernels for every token count.
+callers use ``blocks32``'s and ``kquants``' kernels for every token count.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import float32, int32, prange, types, uint64
@@ -29,7 +32,17 @@ from numba.extending import intrinsic
 from ._tiles import TILE_ROWS
 from .kquants import _finish, _float_step, _min_sums
 
-__all__ = ["AVAILABLE", "mm_q4", "mm_q4k", "mm_q5", "mm_q6k", "mm_q8"]
+__all__ = [
+    "AVAILABLE",
+    "k_pair_layout",
+    "mm_q4",
+    "mm_q4k",
+    "mm_q5",
+    "mm_q6k",
+    "mm_q8",
+    "q4_pair_layout",
+    "q8_pair_layout",
+]
 
 
 def _have_avx2() -> bool:
@@ -46,7 +59,8 @@ AVAILABLE = TILE_ROWS == 64 and _have_avx2()
 # --- LLVM IR shared by the intrinsics below -------------------------------------------------------------
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-_V32I8, _V16I16, _V8I32, _V16I32 = (
+_V16I8, _V32I8, _V16I16, _V8I32, _V16I32 = (
+    ir.VectorType(_I8, 16),
     ir.VectorType(_I8, 32),
     ir.VectorType(_I16, 16),
     ir.VectorType(_I32, 8),
@@ -98,9 +112,19 @@ class _IR:
         return self._call("llvm.x86.avx2.pmadd.wd", _V8I32, a, b)
 
 
-def _pair_group(n_pairs: int):  # type: ignore[no-untyped-def]
+def _nibbles(f: _IR, packed):  # type: ignore[no-untyped-def]
+    """The two byte vectors held in one vector's low and high nibbles."""
+    b = f.b
+    m15 = ir.Constant(_V32I8, [15] * 32)
+    high = b.bitcast(b.lshr(b.bitcast(packed, _V16I16), ir.Constant(_V16I16, [4] * 16)), _V32I8)
+    return b.and_(packed, m15), b.and_(high, m15)
+
+
+def _pair_group(n_pairs: int, packed: bool):  # type: ignore[no-untyped-def]
     """An intrinsic ``(acc, u, uoff, xp, xoff)``: ``acc[0:64]`` (int32) += for each of ``n_pairs`` pairs p,
-    ``pmaddubsw(u[uoff + 128 p : + 128], broadcast(xp[xoff + p]))`` summed in int16, then widened."""
+    ``pmaddubsw(pairs of 64 rows, broadcast(xp[xoff + p]))`` summed in int16, then widened. The pairs of p
+    are ``u[uoff + 128 p : + 128]`` (unpacked), or, ``packed``, the nibbles of ``u[uoff + 64 p : + 64]``
+    (``q4_pair_layout``)."""
 
     @intrinsic
     def group(typingctx, acc, u, uoff, xp, xoff):  # type: ignore[no-untyped-def]
@@ -113,9 +137,14 @@ def _pair_group(n_pairs: int):  # type: ignore[no-untyped-def]
             sums = [ir.Constant(_V16I16, None)] * 4  # 4 x 16 rows
             for p in range(n_pairs):
                 x = f.broadcast(x_p, xoff, p, _V32I8)
+                if packed:
+                    ws = []
+                    for h in range(2):
+                        ws.extend(_nibbles(f, f.load(u_p, uoff, p * 64 + h * 32, _V32I8, 1)))
+                else:
+                    ws = [f.load(u_p, uoff, p * 128 + c * 32, _V32I8, 1) for c in range(4)]
                 for c in range(4):
-                    w = f.load(u_p, uoff, p * 128 + c * 32, _V32I8, 1)
-                    sums[c] = builder.add(sums[c], f.pmaddubsw(w, x))
+                    sums[c] = builder.add(sums[c], f.pmaddubsw(ws[c], x))
             for c in range(4):
                 at = f.at(acc_p, ir.Constant(_I32, 0), c * 16, _V16I32)
                 builder.store(
@@ -128,11 +157,11 @@ def _pair_group(n_pairs: int):  # type: ignore[no-untyped-def]
     return group
 
 
-_pairs4 = _pair_group(4)
-_pairs8 = _pair_group(8)
+_pairs4 = _pair_group(4, False)  # Q5: unpacked tiles
+_pairs8 = _pair_group(8, True)  # Q4: q4_pair_layout
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _activation_pairs(xp, xq, n, nb):  # pragma: no cover - numba
     """xp[t, b * 16 + j] = the bytes of x[b * 32 + j] and x[b * 32 + j + 16] (little-endian uint16)."""
     for t in range(n):
@@ -143,15 +172,16 @@ def _activation_pairs(xp, xq, n, nb):  # pragma: no cover - numba
                 xp[t, b * 16 + j] = lo | (hi << np.uint16(8))
 
 
-@numba.njit(cache=True)
-def _unpack_q4(u, qs, nb):  # pragma: no cover - numba
-    for i in range(uint64(nb * 16 * 64)):
-        v = qs[i]
-        u[2 * i] = v & 15
-        u[2 * i + 1] = v >> 4
+def q4_pair_layout(qs: np.ndarray, nb: int) -> np.ndarray:
+    """``blocks32``'s Q4 tiles [G, nb * 16 * 64] -> the same size, the nibbles regrouped: unpacked, pair j of
+    block b is 64 rows x (value j, value j + 16) in 128 bytes, four vectors of 16 rows; stored, byte k of
+    half h (32 bytes) holds byte k of vector 2h in its low nibble and of vector 2h + 1 in its high one."""
+    g = qs.shape[0]
+    u = np.stack((qs & 15, qs >> 4), axis=-1).reshape(g, nb * 16, 2, 2, 32)  # [G, pair, h, vector, 32]
+    return np.ascontiguousarray(u[:, :, :, 0] | (u[:, :, :, 1] << 4)).reshape(g, -1)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _unpack_q5(u, qs, qh, nb):  # pragma: no cover - numba
     lo_bits = np.empty(64, np.uint8)  # the fifth bits of values j (and j + 16), consumed one per j
     hi_bits = np.empty(64, np.uint8)
@@ -171,7 +201,7 @@ def _unpack_q5(u, qs, qh, nb):  # pragma: no cover - numba
                     hi_bits[r] = hi_bits[r] >> 1
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _finish_block(y, acc, d, m, do, dy, sy, offset, kind):  # pragma: no cover - numba
     """One block's float step for 64 rows (``blocks32``'s, in ggml's order); kind 0: Q4_1 / Q5_1,
     1: Q4_0, 2: Q5_0 (sumi = acc - offset)."""
@@ -186,19 +216,17 @@ def _finish_block(y, acc, d, m, do, dy, sy, offset, kind):  # pragma: no cover -
             y[k] = y[k] + (d[do + k] * dy) * float32(int32(acc[k] - offset))
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mm_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
-    """out[n, rows] for Q4_0 (has_min False, Q8_0 activations) or Q4_1 (Q8_1); arguments as
-    ``blocks32.mv_q4``."""
+    """out[n, rows] for Q4_0 (has_min False, Q8_0 activations) or Q4_1 (Q8_1); qs in ``q4_pair_layout``, the
+    rest as ``blocks32.mv_q4``."""
     xp = np.empty((n, nb * 16), np.uint16)
     _activation_pairs(xp, xq, n, nb)
     for g in prange(qs.shape[0]):
-        u = np.empty(nb * 16 * 128, np.uint8)
-        _unpack_q4(u, qs[g], nb)
-        _run_tile(out, u, d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 8, has_min)
+        _run_tile(out, qs[g], d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 8, has_min)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mm_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
     """out[n, rows] for Q5_0 (has_min False) or Q5_1; arguments as ``blocks32.mv_q5``."""
     xp = np.empty((n, nb * 16), np.uint16)
@@ -209,9 +237,9 @@ def mm_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma:
         _run_tile(out, u, d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 4, has_min)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _run_tile(out, u, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  # pragma: no cover - numba
-    """Every token against one unpacked tile: group = pairs summed in int16 (8 for Q4, 4 for Q5)."""
+    """Every token against one tile: group = pairs summed in int16 (8 for Q4, 4 for Q5)."""
     acc = np.empty(64, np.int32)
     y = np.empty(64, np.float32)
     scale = 8 if group == 8 else 16  # the value offset of the types without a min
@@ -224,8 +252,8 @@ def _run_tile(out, u, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  
             for k in range(64):
                 acc[k] = 0
             if group == 8:
-                _pairs8(acc, u, b * 2048, xt, b * 16)
-                _pairs8(acc, u, b * 2048 + 1024, xt, b * 16 + 8)
+                _pairs8(acc, u, b * 1024, xt, b * 16)
+                _pairs8(acc, u, b * 1024 + 512, xt, b * 16 + 8)
             else:
                 for q in range(4):
                     _pairs4(acc, u, b * 2048 + q * 512, xt, b * 16 + q * 4)
@@ -242,7 +270,8 @@ def _run_tile(out, u, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  
 # scale sc_j) sums the products at positions 32 j + l + {0, 8, 16, 24}. Chunk c of the raw bytes holds
 # sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles). For 8 rows at a time the unpacked tile holds,
 # per row, the four bytes (lo(b), lo(b + 8), hi(b), hi(b + 8)) of chunk bytes b = l and b = l + 16 in two
-# vectors; one token's matching activation bytes are broadcast as a 32-bit pattern. ``pmaddubsw`` then
+# vectors, stored as the low and high nibbles of one (``k_pair_layout``); one token's matching activation
+# bytes are broadcast as a 32-bit pattern. ``pmaddubsw`` then
 # gives per row the lane's partial sums of both sub-blocks side by side (int16, |s| <= 4 * 15 * 127), and
 # ``pmaddwd`` with the rows' (sc_2c, sc_2c+1) adds ``sc_2c * s_lo + sc_2c+1 * s_hi`` in int32: exactly the
 # chunk's share of ggml's aux32[l].
@@ -261,11 +290,9 @@ def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff):  # type: 
         for rg in range(8):
             acc = ir.Constant(_V8I32, None)
             for c in range(4):
-                base = ((c * 8 + rg) * 2) * 32
-                w0 = f.load(u_p, uoff, base, _V32I8, 1)
-                w1 = f.load(u_p, uoff, base + 32, _V32I8, 1)
+                w0, w1 = _nibbles(f, f.load(u_p, uoff, (c * 8 + rg) * 32, _V32I8, 1))
                 sums = builder.add(f.pmaddubsw(w0, xs[2 * c]), f.pmaddubsw(w1, xs[2 * c + 1]))
-                sc = f.load(s_p, scloff, (c * 8 + rg) * 16, _V16I16, 2)
+                sc = builder.sext(f.load(s_p, scloff, (c * 8 + rg) * 16, _V16I8, 1), _V16I16)
                 acc = builder.add(acc, f.pmaddwd(sums, sc))
             builder.store(acc, f.at(aux_p, auxoff, rg * 8, _V8I32), align=4)
         return context.get_dummy_value()
@@ -273,7 +300,7 @@ def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff):  # type: 
     return sig, codegen
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _activation_words_q4k(xw, xq, n, nsb):  # pragma: no cover - numba
     """xw[t, ((s * 8 + l) * 4 + c) * 2 + h] = the bytes x[p], x[p + 8], x[p + 32], x[p + 40] of
     p = 256 s + 64 c + l + 16 h (little-endian uint32)."""
@@ -291,7 +318,7 @@ def _activation_words_q4k(xw, xq, n, nsb):  # pragma: no cover - numba
                         xw[t, ((s * 8 + lane) * 4 + c) * 2 + h] = w
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _unpack_q4k(u, scl, qs, sc, nsb):  # pragma: no cover - numba
     """One tile: u[((((s * 8 + l) * 4 + c) * 8 + rg) * 2 + h) * 32 + 4 i + {0..3}] = lo(b), lo(b + 8),
     hi(b), hi(b + 8) of chunk byte b = l + 16 h, row 8 rg + i; scl[((s * 4 + c) * 8 + rg) * 16 + 2 i + {0, 1}]
@@ -346,7 +373,7 @@ def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff)
             acc = ir.Constant(_V8I32, None)
             for jp in range(8):
                 w = f.load(u_p, uoff, (jp * 8 + rg) * 32, _V32I8, 1)
-                sc = f.load(s_p, scloff, (jp * 8 + rg) * 16, _V16I16, 2)
+                sc = builder.sext(f.load(s_p, scloff, (jp * 8 + rg) * 16, _V16I8, 1), _V16I16)
                 acc = builder.add(acc, f.pmaddwd(f.pmaddubsw(w, xs[jp]), sc))
                 acc = builder.add(acc, f.pmaddwd(sc, bs[jp]))
             builder.store(acc, f.at(aux_p, auxoff, rg * 8, _V8I32), align=4)
@@ -355,7 +382,7 @@ def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff)
     return sig, codegen
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _activation_words_q6k(xw, bx, xq, n, nsb):  # pragma: no cover - numba
     """xw[t, (s * 8 + l) * 8 + jp] = the bytes x[p], x[p + 8], x[p + 16], x[p + 24] of p = 256 s + 32 jp + l;
     bx[t, same] = the int16 pair -32 (x[p] + x[p + 8]), -32 (x[p + 16] + x[p + 24])."""
@@ -374,7 +401,7 @@ def _activation_words_q6k(xw, bx, xq, n, nsb):  # pragma: no cover - numba
                     bx[t, o] = lo | (hi << np.uint32(16))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _unpack_q6k(u, scl, q, sc, nsb):  # pragma: no cover - numba
     """One tile: u[(((s * 8 + l) * 8 + jp) * 8 + rg) * 32 + 4 i + k] = the unsigned value (a + 32) at
     position 32 jp + l + 8 k of row 8 rg + i; scl[((s * 8 + jp) * 8 + rg) * 16 + 2 i + {0, 1}] = the scales
@@ -396,17 +423,49 @@ def _unpack_q6k(u, scl, q, sc, nsb):  # pragma: no cover - numba
                             u[o + 4 * i + k] = np.uint8(q[src + i] + 32)
 
 
+def k_pair_layout(qtype: T, arrays: tuple[np.ndarray, ...], nsb: int) -> tuple[np.ndarray, ...]:
+    """``kquants.pack``'s Q4_K or Q6_K tiles -> the layouts ``mm_q4k`` / ``mm_q6k`` take: the values as the
+    lane kernels read them (Q4_K: two vectors in the nibbles of one, as raw Q4_K's size; Q6_K: one byte per
+    value), the scales as int8 pairs; mins and super-block scales unchanged."""
+    q, sc, mn, d, dmin = arrays
+    g = q.shape[0]
+    q6 = qtype == T.Q6_K
+    u = np.empty((g, nsb * 256 * 64 // (1 if q6 else 2)), np.uint8)
+    scl = np.empty((g, nsb * (8 if q6 else 4) * 8 * 16), np.int8)
+    _k_layout(u, scl, q, sc, nsb, q6)
+    return u, scl, mn, d, dmin
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _k_layout(u, scl, q, sc, nsb, q6):  # pragma: no cover - numba
+    for g in prange(q.shape[0]):
+        full = np.empty(nsb * 256 * 64, np.uint8)
+        wide = np.empty(scl.shape[1], np.int16)
+        if q6:
+            _unpack_q6k(full, wide, q[g], sc[g], nsb)
+            u[g, :] = full
+        else:
+            _unpack_q4k(full, wide, q[g], sc[g], nsb)
+            for i in range(full.size // 64):  # vectors 2i, 2i + 1 into the nibbles of one
+                for k in range(32):
+                    u[g, i * 32 + k] = full[i * 64 + k] | (full[i * 64 + 32 + k] << np.uint8(4))
+        for i in range(wide.size):
+            scl[g, i] = np.int8(wide[i])  # 6-bit scales (signed for Q6_K): int8 holds them
+
+
 def mm_q4k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # type: ignore[no-untyped-def]
-    """out[n, rows] for Q4_K against Q8_K activations; arguments as ``kquants.mv_q4k``."""
+    """out[n, rows] for Q4_K against Q8_K activations; the tiles in ``k_pair_layout``, the activations as
+    ``kquants.mv_q4k``."""
     _mm_k(out, qs, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, False)
 
 
 def mm_q6k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb):  # type: ignore[no-untyped-def]
-    """out[n, rows] for Q6_K against Q8_K activations; arguments as ``kquants.mv_k8`` (kind 0)."""
+    """out[n, rows] for Q6_K against Q8_K activations; the tiles in ``k_pair_layout``, the activations as
+    ``kquants.mv_k8``."""
     _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, True)
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: no cover - numba
     """The K types' driver: q6 selects Q6_K's layouts and lane kernel (else Q4_K's, with its mins)."""
     xw = np.empty((n, nsb * 64), np.uint32)
@@ -417,12 +476,8 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
         _activation_words_q4k(xw, xq, n, nsb)
     kind = 0 if q6 else 1
     for g in prange(q.shape[0]):
-        u = np.empty(nsb * 256 * 64, np.uint8)
-        scl = np.empty(nsb * (8 if q6 else 4) * 8 * 16, np.int16)
-        if q6:
-            _unpack_q6k(u, scl, q[g], sc[g], nsb)
-        else:
-            _unpack_q4k(u, scl, q[g], sc[g], nsb)
+        u = q[g]
+        scl = sc[g]
         y = np.empty(64, np.float32)
         sums = np.empty(8 * 64, np.float32)
         aux = np.empty(8 * 64, np.int32)
@@ -440,7 +495,7 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
                     if q6:
                         _q6k_lane(aux, lane * 64, u, o * 8 * 32, scl, s * 1024, xt, o, bt, o)  # type: ignore[call-arg]
                     else:
-                        _q4k_lane(aux, lane * 64, u, o * 256, scl, s * 512, xt, o)  # type: ignore[call-arg]
+                        _q4k_lane(aux, lane * 64, u, o * 128, scl, s * 512, xt, o)  # type: ignore[call-arg]
                 # unsigned indices: signed index arithmetic keeps LLVM from vectorizing the float steps
                 if not q6:
                     _min_sums(isc, mn[g], xsum[t], uint64(s), uint64(64), 8)
@@ -453,14 +508,23 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
 
 # --- Q8_0 -----------------------------------------------------------------------------------------------
 #
-# Signed weights take ``pmaddwd`` instead: the tile is unpacked to int16 pairs (value j, value j + 16) per
-# row, 8 rows per instruction, each row's two products added in int32 (no intermediate can overflow).
+# Signed weights take ``pmaddwd``: the tile is stored (at load, ``q8_pair_layout``: the same bytes in another
+# order) as int8 pairs (value j, value j + 16) per row, and 8 rows' pairs are sign-extended to int16 straight
+# from memory (``vpmovsxbw``), each row's two products added in int32 (no intermediate can overflow). No
+# unpacking, so one kernel serves one token as well as a prompt.
+
+
+def q8_pair_layout(qs: np.ndarray, nb: int) -> np.ndarray:
+    """``blocks32``'s Q8_0 tiles [G, nb * 32 * 64] -> [G, nb * 16 * 64 * 2]: byte ((b * 16 + j) * 64 + r) * 2
+    + h = value j + 16 h of block b of row r."""
+    g = qs.shape[0]
+    return np.ascontiguousarray(qs.reshape(g, nb, 2, 16, 64).transpose(0, 1, 3, 4, 2)).reshape(g, -1)
 
 
 @intrinsic
 def _pairs_wd(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-def]
-    """acc[0:64] (int32) += for the 16 pairs p of a block, ``pmaddwd(u[uoff + 128 p : + 128],
-    broadcast(xw[xoff + p]))`` (u int16: 64 rows x 2 values per pair)."""
+    """acc[0:64] (int32) = for the 16 pairs p of a block, ``pmaddwd(sext(u[uoff + 128 p : + 128]),
+    broadcast(xw[xoff + p]))`` (u int8: 64 rows x 2 values per pair)."""
     sig = types.void(acc, u, types.intp, xw, types.intp)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -471,16 +535,16 @@ def _pairs_wd(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-def
         for p in range(16):
             x = f.broadcast(x_p, xoff, p, _V16I16)
             for c in range(8):
-                sums[c] = builder.add(sums[c], f.pmaddwd(f.load(u_p, uoff, p * 128 + c * 16, _V16I16, 2), x))
+                w = builder.sext(f.load(u_p, uoff, p * 128 + c * 16, _V16I8, 1), _V16I16)
+                sums[c] = builder.add(sums[c], f.pmaddwd(w, x))
         for c in range(8):
-            at = f.at(acc_p, ir.Constant(_I32, 0), c * 8, _V8I32)
-            builder.store(builder.add(builder.load(at, align=4), sums[c]), at, align=4)
+            builder.store(sums[c], f.at(acc_p, ir.Constant(_I32, 0), c * 8, _V8I32), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _activation_words_q8(xw, xq, n, nb):  # pragma: no cover - numba
     """xw[t, b * 16 + j] = the int16 pair (x[b * 32 + j], x[b * 32 + j + 16]) as one uint32."""
     for t in range(n):
@@ -491,26 +555,14 @@ def _activation_words_q8(xw, xq, n, nb):  # pragma: no cover - numba
                 xw[t, b * 16 + j] = lo | (hi << np.uint32(16))
 
 
-@numba.njit(cache=True)
-def _unpack_q8(u, qs, nb):  # pragma: no cover - numba
-    for b in range(nb):
-        for j in range(16):
-            lo = qs[(b * 32 + j) * 64 : (b * 32 + j + 1) * 64]
-            hi = qs[(b * 32 + j + 16) * 64 : (b * 32 + j + 17) * 64]
-            out = u[(b * 16 + j) * 128 : (b * 16 + j + 1) * 128]
-            for r in range(uint64(64)):
-                out[2 * r] = lo[r]
-                out[2 * r + 1] = hi[r]
-
-
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def mm_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
-    """out[n, rows] for Q8_0 against Q8_0 activations; arguments as ``blocks32.mv_q8``."""
+    """out[n, rows] for Q8_0 against Q8_0 activations; qs in ``q8_pair_layout``, the rest as
+    ``blocks32.mv_q8``."""
     xw = np.empty((n, nb * 16), np.uint32)
     _activation_words_q8(xw, xq, n, nb)
     for g in prange(qs.shape[0]):
-        u = np.empty(nb * 16 * 128, np.int16)
-        _unpack_q8(u, qs[g], nb)
+        u = qs[g]
         dg = d[g]
         acc = np.empty(64, np.int32)
         y = np.empty(64, np.float32)
@@ -519,8 +571,6 @@ def mm_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
             for k in range(64):
                 y[k] = float32(0.0)
             for b in range(nb):
-                for k in range(64):
-                    acc[k] = 0
                 _pairs_wd(acc, u, b * 2048, xt, b * 16)  # type: ignore[call-arg]
                 _finish_block(y, acc, dg, dg, b * 64, xd[t, b], float32(0.0), 0, 2)  # sumi * (d_w * d_x)
             r0 = g * 64
