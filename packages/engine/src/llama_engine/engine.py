@@ -21,6 +21,7 @@ import numpy as np
 
 from gguf_io import GGUFFile
 from gguf_io import open as open_gguf
+from llama_quant.kernels import release_worker_threads
 
 from .arch import DecoderModel, load_model
 from .batch import Batch
@@ -194,6 +195,9 @@ class Engine:
         self._inflight = 0
         self._inflight_lock = threading.Lock()
         self._slot_ops: list[tuple[int, Callable[[], Any], queue.SimpleQueue]] = []
+        # the kernels run on the loop's thread: hand back the worker threads that loading (or anything
+        # earlier on this thread) started, or every kernel launch from the loop waits for sleeping workers
+        release_worker_threads()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 

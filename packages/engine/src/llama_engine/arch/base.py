@@ -170,6 +170,22 @@ class DecoderModel:
             raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected a matrix")
         return ExactMatrix(self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
 
+    def stacked(self, names: list[str]) -> ExactMatrix | None:
+        """The matrices ``names`` stacked by rows into one (a single kernel launch for all of them, the same
+        numbers: each output is its own row's product), when all exist with one type and row length."""
+        infos = [self._gguf.tensors.get(n) for n in names]
+        if any(t is None or len(t.shape) != 2 for t in infos):
+            return None
+        first = infos[0]
+        assert first is not None
+        if any(
+            t.ggml_type != first.ggml_type or t.shape[0] != first.shape[0] for t in infos if t is not None
+        ):
+            return None
+        raw = np.concatenate([self._gguf.tensor_bytes(n).reshape(-1).view(np.uint8) for n in names])
+        rows = sum(t.shape[1] for t in infos if t is not None)
+        return ExactMatrix(raw, first.ggml_type, rows, first.shape[0])
+
     def vec(self, name: str) -> np.ndarray:
         """A weight vector (norm weights, biases) as float32, copied out of the mmap."""
         v = self.vec_or_none(name)
@@ -189,8 +205,13 @@ class DecoderModel:
     def load_layer(self, il: int) -> LayerWeights:
         p = f"blk.{il}."
         fused = self.matrix(p + "attn_qkv.weight")
-        gate = self.matrix(p + "ffn_gate.weight")
-        up = self.matrix(p + "ffn_up.weight")
+        if fused is None:  # q, k, v in one launch where they share a type
+            fused = self.stacked([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+        up = self.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # [gate | up]: the fused-FFN path
+        gate = None
+        if up is None:
+            gate = self.matrix(p + "ffn_gate.weight")
+            up = self.matrix(p + "ffn_up.weight")
         wo = self.matrix(p + "attn_output.weight")
         down = self.matrix(p + "ffn_down.weight")
         if wo is None or up is None or down is None:
