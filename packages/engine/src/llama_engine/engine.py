@@ -202,7 +202,7 @@ class Engine:
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     @staticmethod
-    def _set_threads(n_threads: int) -> None:
+    def _set_threads(n_threads: int | None) -> None:
         """numba's thread count is per calling thread: set on the thread that loads and on the loop's."""
         if n_threads:
             numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
