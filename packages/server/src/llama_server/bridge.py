@@ -1,9 +1,10 @@
 """The seam between HTTP handlers and the engine thread.
 
 Handlers never touch the model: they submit typed requests and read events. The engine calls each
-handle's `on_event` from its own thread; `loop.call_soon_threadsafe` moves the event onto an asyncio
-queue read by the handler. A client that goes away cancels its requests (`RequestHandle.cancel`), so the
-slot is freed at the next engine step.
+handle's `on_event` from its own thread; the event goes into the event loop's `_Mailbox`, which wakes the
+loop once for everything posted meanwhile (one wake-up per engine step, not one per stream), and each
+`Run` hands its events to its handler in order. A client that goes away cancels its requests
+(`RequestHandle.cancel`), so the slot is freed at the next engine step.
 
 `IOTimeouts` wraps the whole ASGI app: `--timeout` as cpp-httplib's read and write timeouts, so a client that
 stops sending its request body, or stops reading the response, cannot hold a connection (and a slot) forever.
@@ -12,9 +13,11 @@ stops sending its request body, or stops reading the response, cannot hold a con
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -45,17 +48,51 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+class _Mailbox:
+    """Events posted from the engine thread for one event loop, delivered in posting order by a single
+    scheduled callback per batch."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: collections.deque[tuple[Run, int, Event]] = collections.deque()
+        self.scheduled = False
+
+    def post(self, run: Run, index: int, ev: Event) -> None:  # the engine thread
+        self.items.append((run, index, ev))
+        if not self.scheduled:  # cleared by _flush before it drains, so nothing posted is left behind
+            self.scheduled = True
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+                self.loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        while self.items:
+            run, index, ev = self.items.popleft()
+            run._deliver((index, ev))
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = weakref.WeakKeyDictionary()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    box = _mailboxes.get(loop)
+    if box is None:
+        box = _mailboxes[loop] = _Mailbox(loop)
+    return box
+
+
 class Run:
-    """The engine requests of one HTTP request (one per prompt and choice), events on one queue."""
+    """The engine requests of one HTTP request (one per prompt and choice), their events in arrival order."""
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self._box = _mailbox(self.loop)
+        self._items: collections.deque[tuple[int, Event]] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.handles: list[RequestHandle] = []
         self.n = 0
         self.task_ids: list[int] = []
-        self._pending: list[tuple[int, Event]] = []
 
     def submit_all(self, requests: list[GenerationRequest]) -> None:
         """Validate every prompt against the slot context, then queue them all (or none: when the engine's
@@ -78,7 +115,7 @@ class Run:
             self.task_ids.append(self.state.task_id())
             if not req.prompt:  # not an error: an empty result
                 empty = FinalEvent(StopReason.EOS, Usage(0, 0, 0), Timings(0, 0.0, 0, 0.0, 0))
-                self.queue.put_nowait((i, empty))
+                self._deliver((i, empty))
                 continue
             try:
                 self.handles.append(engine.submit(req, on_event=partial(self._on_event, i)))
@@ -94,8 +131,28 @@ class Run:
                 raise ApiError(str(e)) from e
 
     def _on_event(self, index: int, ev: Event) -> None:  # called on the engine thread
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, ev))
+        self._box.post(self, index, ev)
+
+    def _deliver(self, item: tuple[int, Event]) -> None:  # on the event loop
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _next(self, timeout: float | None) -> tuple[int, Event] | None:
+        """The next event, or None when ``timeout`` seconds pass without one (events stay in ``_items``
+        until taken, so a timeout never loses one)."""
+        if not self._items:
+            waiter = self._waiter = self.loop.create_future()
+            timer = self.loop.call_later(timeout, _wake, waiter) if timeout else None
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._items:
+                return None
+        return self._items.popleft()
 
     def cancel(self) -> None:
         for h in self.handles:
@@ -111,8 +168,9 @@ class Run:
         status, not as an SSE stream (the reference's rule)."""
         if self.n == 0:
             return
-        item = await until_disconnect(receive, self.queue.get(), self)
-        self._pending.append(item)
+        item = await until_disconnect(receive, self._next(None), self)
+        assert item is not None  # no timeout
+        self._items.appendleft(item)  # events() yields it first
         ev = item[1]
         if isinstance(ev, FinalEvent) and ev.reason == StopReason.ERROR:
             self.cancel()
@@ -122,29 +180,16 @@ class Run:
         """(index, event) in arrival order until every request's FinalEvent; None when `ping_seconds`
         passed without an event (the SSE keep-alive)."""
         remaining = self.n
-        # One pending get at a time, never cancelled by a timeout: asyncio.wait_for(queue.get()) can drop an
-        # item that arrives just as the timeout fires (Python < 3.12), which would lose an event.
-        getter: asyncio.Future[tuple[int, Event]] | None = None
-        try:
-            while remaining:
-                if self._pending:
-                    item = self._pending.pop(0)
-                else:
-                    if getter is None:
-                        getter = asyncio.ensure_future(self.queue.get())
-                    done, _ = await asyncio.wait({getter}, timeout=ping_seconds or None)
-                    if not done:
-                        yield None
-                        continue
-                    item, getter = getter.result(), None
-                index, ev = item
-                if isinstance(ev, FinalEvent):
-                    remaining -= 1
-                    self._record(index, ev)
-                yield item
-        finally:
-            if getter is not None:
-                getter.cancel()
+        while remaining:
+            item = await self._next(ping_seconds)
+            if item is None:
+                yield None
+                continue
+            index, ev = item
+            if isinstance(ev, FinalEvent):
+                remaining -= 1
+                self._record(index, ev)
+            yield item
 
     def _record(self, index: int, ev: FinalEvent) -> None:
         if ev.reason == StopReason.ERROR:
@@ -159,6 +204,11 @@ class Run:
                 n_prompt_tokens_cache=t.cache_n,
                 n_decoded=t.predicted_n,
             )
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def _wait_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
