@@ -59,6 +59,9 @@ def _infer_type(value: Any) -> GGUFValueType:
     raise GGUFError(f"cannot infer a GGUF type for a value of type {type(value).__name__}")
 
 
+_U64 = struct.Struct("<Q")
+
+
 def _pack_string(out: io.BytesIO, s: str) -> None:
     raw = s.encode("utf-8")
     out.write(struct.pack("<Q", len(raw)))
@@ -222,9 +225,17 @@ class GGUFWriter:
                 assert f.array_type is not None
                 items = f.value
                 out.write(struct.pack("<IQ", f.array_type, len(items)))
-                if f.array_type == GGUFValueType.STRING:
+                if f.array_type == GGUFValueType.STRING:  # vocabularies: tens of thousands, packed at once
+                    parts = []
                     for s in items:
-                        _pack_scalar(out, GGUFValueType.STRING, s, f.name)
+                        if not isinstance(s, str):
+                            raise GGUFError(
+                                f"metadata {f.name!r}: expected a str for STRING, got {type(s).__name__}"
+                            )
+                        raw = s.encode("utf-8")
+                        parts.append(_U64.pack(len(raw)))
+                        parts.append(raw)
+                    out.write(b"".join(parts))
                 else:
                     dtype = SCALAR_DTYPES[f.array_type]
                     arr = np.asarray(items)
