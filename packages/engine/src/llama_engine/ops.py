@@ -19,6 +19,7 @@ from numba.extending import intrinsic
 __all__ = [
     "ROPE_NEOX",
     "ROPE_NORM",
+    "attend",
     "attention",
     "geglu",
     "gelu_table",
@@ -143,6 +144,38 @@ def attention(
     starts = _token_blocks(lo, hi, n)
     _attention_blocked(
         out, q, k, v, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, sc, p16
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+def attend(  # type: ignore[no-untyped-def]
+    out, q, k, v, pos, table, kc, vc, new_cells, cells, lo, hi,
+    n, n_head, n_head_kv, head_dim, rope_dims, mode, q_scale, kq_scale, k16, v16,
+):  # fmt: skip
+    """A layer's attention after its q/k/v products, in one call: RoPE on q and k (``rope``), q times
+    ``q_scale`` unless it is 1, k and v stored in the cache at ``new_cells`` (``store_rows``; ``k16`` /
+    ``v16``: kc / vc are an f16 cache's uint16 view), then ``attention`` with ``kq_scale``. The same
+    numbers as those calls one by one."""
+    rope(q, pos, table, n, n_head, head_dim, rope_dims, mode)
+    rope(k, pos, table, n, n_head_kv, head_dim, rope_dims, mode)
+    if q_scale != np.float32(1.0):
+        for t in range(n):
+            for i in range(q.shape[1]):
+                q[t, i] = q[t, i] * q_scale
+    if k16:
+        _store_f16(kc, new_cells, k)
+    else:
+        for r in range(len(new_cells)):
+            kc[new_cells[r], :] = k[r]
+    if v16:
+        _store_f16(vc, new_cells, v)
+    else:
+        for r in range(len(new_cells)):
+            vc[new_cells[r], :] = v[r]
+    qq = _round_rows_f16(q) if k16 else q  # ggml_mul_mat(k f16, q): q converted to f16
+    starts = _token_blocks(lo, hi, n)
+    _attention_blocked(
+        out, qq, kc, vc, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, kq_scale, v16
     )
 
 

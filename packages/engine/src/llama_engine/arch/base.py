@@ -326,13 +326,20 @@ class DecoderModel:
         ops.rms_norm(out, x, w, self.config.rms_eps, x.shape[0], x.shape[1])
         return out
 
+    def normed(self, x: np.ndarray, w: np.ndarray) -> Activations:
+        """rms_norm(x) * w computed straight into this model's input buffers for the next products."""
+        n, cols = x.shape
+        acts = self._input_buffers(n, cols)
+        ops.rms_norm(acts.rows(n), x, w, self.config.rms_eps, n, cols)
+        return acts
+
     def block(self, il: int, x: np.ndarray, batch: Batch, kv: KVCache, placed: dict) -> np.ndarray:
         lw = self.layers[il]
-        x = x + self.attention(il, self.norm(x, lw.attn_norm), batch, kv, placed)
+        x = x + self.attention(il, self.normed(x, lw.attn_norm), batch, kv, placed)
         assert lw.ffn_norm is not None
-        return x + self.ffn(il, self.norm(x, lw.ffn_norm))
+        return x + self.ffn(il, self.normed(x, lw.ffn_norm))
 
-    def qkv(self, il: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def qkv(self, il: int, h: np.ndarray | Activations) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lw, c = self.layers[il], self.config
         if lw.wqkv is not None:
             fused = _linear(lw.wqkv, h)
@@ -350,7 +357,9 @@ class DecoderModel:
             v = v + lw.bv
         return np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v)
 
-    def attention(self, il: int, h: np.ndarray, batch: Batch, kv: KVCache, placed: dict) -> np.ndarray:
+    def attention(
+        self, il: int, h: np.ndarray | Activations, batch: Batch, kv: KVCache, placed: dict
+    ) -> np.ndarray:
         lw, c = self.layers[il], self.config
         n = batch.n
         q, k, v = self.qkv(il, h)
@@ -359,17 +368,15 @@ class DecoderModel:
         if lw.k_norm is not None:
             k = self.norm(k.reshape(n * c.n_head_kv, c.head_dim), lw.k_norm).reshape(n, -1)
         table = self.rope_cache(il, int(batch.pos.max()) + 1)
-        ops.rope(q, batch.pos, table, n, c.n_head, c.head_dim, c.rope_dims, self.rope_mode)
-        ops.rope(k, batch.pos, table, n, c.n_head_kv, c.head_dim, c.rope_dims, self.rope_mode)
-        q = self.scale_q(q)
         pool = kv.pool(il)
         cells, ranges = placed[id(pool)]
-        ops.store_rows(pool.k[il], cells, k)
-        ops.store_rows(pool.v[il], cells, v)
+        kc, vc = pool.k[il], pool.v[il]
+        k16, v16 = kc.dtype == np.float16, vc.dtype == np.float16
         out = np.empty((n, c.n_head * c.head_dim_v), np.float32)
-        ops.attention(
-            out, q, pool.k[il], pool.v[il], ranges.cells, ranges.lo, ranges.hi,
-            n, c.n_head, c.n_head_kv, c.head_dim, self.kq_scale(),
+        ops.attend(
+            out, q, k, v, batch.pos, table, kc.view(np.uint16) if k16 else kc, vc.view(np.uint16) if v16 else vc,
+            cells, ranges.cells, ranges.lo, ranges.hi, n, c.n_head, c.n_head_kv, c.head_dim, c.rope_dims,
+            self.rope_mode, np.float32(self.q_scale()), np.float32(self.kq_scale()), k16, v16,
         )  # fmt: skip
         o = _linear(lw.wo, out)
         if lw.bo is not None:
@@ -378,24 +385,30 @@ class DecoderModel:
             o = self.norm(o, lw.post_attn_norm)
         return o
 
-    def activations(self, h: np.ndarray) -> Activations:
+    def activations(self, h: np.ndarray | Activations) -> Activations:
         """``h`` [n, cols] loaded into this model's reusable input buffers for matrices of ``cols`` columns
         (valid until the next call for the same width: the forward pass uses each before the next)."""
+        if isinstance(h, Activations):
+            return h
         n, cols = h.shape
+        return self._input_buffers(n, cols).set(h)
+
+    def _input_buffers(self, n: int, cols: int) -> Activations:
         acts = self._acts.get(cols)
         if acts is None or acts.max_tokens < n:
             acts = self._acts[cols] = Activations(cols, max(n, 1))
-        return acts.set(h)
+        return acts
 
-    def scale_q(self, q: np.ndarray) -> np.ndarray:
-        return q
+    def q_scale(self) -> float:
+        """A factor on q after RoPE (1: none)."""
+        return 1.0
 
     def kq_scale(self) -> float:
         return self.config.attn_scale
 
-    def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
+    def ffn(self, il: int, h: np.ndarray | Activations) -> np.ndarray:
         lw = self.layers[il]
-        n = h.shape[0]
+        n = h.n if isinstance(h, Activations) else h.shape[0]
         if lw.w_gate is None:  # fused gate+up (phi3): [n, 2 * n_ff]
             both = _linear(lw.w_up, h)
             half = both.shape[1] // 2

@@ -45,8 +45,8 @@ class Gemma3(DecoderModel):
             embed_scale=float(np.sqrt(np.float32(c.n_embd))),
         )
 
-    def scale_q(self, q: np.ndarray) -> np.ndarray:
-        return q * np.float32(self.config.attn_scale)
+    def q_scale(self) -> float:
+        return self.config.attn_scale
 
     def kq_scale(self) -> float:
         return 1.0

@@ -5,8 +5,6 @@ Q is scaled by 1/sqrt(head_dim) before attention and the KQ scale is 1, as in ll
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import ops
 from .base import DecoderModel, register
 
@@ -19,8 +17,8 @@ class Phi3(DecoderModel):
 
     rope_mode = ops.ROPE_NEOX
 
-    def scale_q(self, q: np.ndarray) -> np.ndarray:
-        return q * np.float32(self.config.attn_scale)
+    def q_scale(self) -> float:
+        return self.config.attn_scale
 
     def kq_scale(self) -> float:
         return 1.0

@@ -59,6 +59,15 @@ class Activations:
         self._have.clear()
         return self
 
+    def rows(self, n: int) -> np.ndarray:
+        """The f32 buffer's first ``n`` rows, to compute the next input straight into (instead of ``set``);
+        earlier conversions are forgotten."""
+        if n > self.max_tokens:
+            raise ValueError(f"{n} tokens > max_tokens={self.max_tokens}")
+        self.n = n
+        self._have.clear()
+        return self.x[:n]
+
     def converted(self, fmt: str) -> tuple[np.ndarray, ...]:
         """The whole ``max_tokens`` buffers of format ``fmt`` (valid for the first ``n`` rows):
         q8: (xq int8 [., cols], xd f32 fp16(d) [., cols/32], xs f32 fp16(s) [., cols/32], xsum int32 [., cols/16]);
