@@ -353,9 +353,9 @@ def _unpack_q4k(u, scl, qs, sc, nsb):  # pragma: no cover - numba
 # Lane l of sub-block j (16 values, signed scale sc_j) sums a * x at positions 16 j + l and 16 j + 8 + l,
 # with a = q - 32 (q the unsigned 6-bit value). ``pmaddubsw`` multiplies the unsigned q (pair sums <= 2 *
 # 63 * 127, no saturation) and the offset is added back through the activations: per row,
-# aux32[l] = sum_j sc_j * S_j + sum_j sc_j * (-32 * (x_p + x_p+8)). Sub-blocks go two at a time: a row's
-# four bytes (q at 16 j + l, 16 j + 8 + l, 16 j + 16 + l, 16 j + 24 + l) against the broadcast activation
-# bytes, then ``pmaddwd`` with the rows' (sc_j, sc_j+1), and once more with the broadcast offset terms.
+# aux32[l] = sum_j sc_j * (S_j - 32 * (x_p + x_p+8)). Sub-blocks go two at a time: a row's four bytes (q
+# at 16 j + l, 16 j + 8 + l, 16 j + 16 + l, 16 j + 24 + l) against the broadcast activation bytes, plus the
+# broadcast offset terms (in int16), then ``pmaddwd`` with the rows' (sc_j, sc_j+1).
 
 
 @intrinsic
@@ -374,8 +374,8 @@ def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff)
             for jp in range(8):
                 w = f.load(u_p, uoff, (jp * 8 + rg) * 32, _V32I8, 1)
                 sc = builder.sext(f.load(s_p, scloff, (jp * 8 + rg) * 16, _V16I8, 1), _V16I16)
-                acc = builder.add(acc, f.pmaddwd(f.pmaddubsw(w, xs[jp]), sc))
-                acc = builder.add(acc, f.pmaddwd(sc, bs[jp]))
+                # pair sums (<= 2 * 63 * 127) plus offset terms (|.| <= 32 * 254) still fit int16
+                acc = builder.add(acc, f.pmaddwd(builder.add(f.pmaddubsw(w, xs[jp]), bs[jp]), sc))
             builder.store(acc, f.at(aux_p, auxoff, rg * 8, _V8I32), align=4)
         return context.get_dummy_value()
 
