@@ -5,9 +5,11 @@
     python packages/quant/bench/bench_quantize.py --profile             # cProfile of one llama-quant run
 
 The F16 input is written once (1-D tensors F32, as convert_hf_to_gguf does) into --work (default: a
-folder under the system temp dir) and reused. Each side runs in this process, alternately, best of
---repeat (the machine is shared: the minimum is the least disturbed run); both outputs are compared
-byte for byte. llama.cpp is driven through llama-cpp-python (needed only here and in the parity tests).
+folder under the system temp dir) and reused. The sides run alternately, best of --repeat (the machine is
+shared: the minimum is the least disturbed run), first both in this process with everything loaded
+(warm), then each in a new interpreter per run (fresh: imports and library or numba-cache loading
+included, as a user's command pays them); both outputs are compared byte for byte. llama.cpp is driven
+through llama-cpp-python (needed only here and in the parity tests).
 """
 
 from __future__ import annotations
@@ -75,7 +77,25 @@ def write_f16(src: Path, dst: Path) -> Path:
 _KEEP: list = []
 
 
-def llama_cpp_quantize(inp: Path, out: Path, ftype: int, nthread: int) -> None:
+_LLAMA_CPP_CHILD = """
+import ctypes, sys
+import llama_cpp as lc
+quiet = lc.llama_log_callback(lambda level, text, user_data: None)
+lc.llama_log_set(quiet, None)
+params = lc.llama_model_quantize_default_params()
+params.ftype, params.nthread = int(sys.argv[3]), int(sys.argv[4])
+assert lc.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)) == 0
+"""
+
+
+def llama_cpp_quantize(inp: Path, out: Path, ftype: int, nthread: int, fresh: bool = False) -> None:
+    if fresh:  # a new interpreter too: importing llama_cpp (loading its libraries) included, nothing else
+        subprocess.run(
+            [sys.executable, "-c", _LLAMA_CPP_CHILD, str(inp), str(out), str(ftype), str(nthread)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        return
     import llama_cpp as lc
 
     if not _KEEP:
@@ -117,13 +137,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llama-quant-bench"))
     ap.add_argument("--profile", action="store_true", help="cProfile one llama-quant run per type")
-    ap.add_argument("--fresh", action="store_true", help="time llama-quant in a new process each run")
+    ap.add_argument(
+        "--mode",
+        choices=["warm", "fresh", "both"],
+        default="both",
+        help="warm: both sides in this process; fresh: each side in a new process each run",
+    )
     ap.add_argument("--no-llama-cpp", action="store_true")
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     for model in ["smollm2", "gemma3"] if a.model == "all" else [a.model]:
-        run_model(a, work, model)
+        for fresh in {"warm": [False], "fresh": [True], "both": [False, True]}[a.mode]:
+            a.fresh = fresh
+            run_model(a, work, model)
 
 
 def run_model(a: argparse.Namespace, work: Path, model: str) -> None:
@@ -146,14 +173,14 @@ def run_model(a: argparse.Namespace, work: Path, model: str) -> None:
             t_ours.append(time.perf_counter() - t0)
             if not a.no_llama_cpp:
                 t0 = time.perf_counter()
-                llama_cpp_quantize(src, theirs, ft.ftype, a.threads)
+                llama_cpp_quantize(src, theirs, ft.ftype, a.threads, a.fresh)
                 t_theirs.append(time.perf_counter() - t0)
         line = f"{model} {name}: llama-quant {min(t_ours):.2f} s"
         if t_theirs:
             same = "identical" if _digest(mine) == _digest(theirs) else "DIFFERENT"
             line += f", llama.cpp {min(t_theirs):.2f} s, ratio {min(t_theirs) / min(t_ours):.2f}x ({same})"
-        mode = "new process" if a.fresh else "in process, warm"
-        print(f"{line} [{a.threads} threads, best of {a.repeat}, llama-quant {mode}]", flush=True)
+        mode = "each side in a new process" if a.fresh else "in process, warm"
+        print(f"{line} [{a.threads} threads, best of {a.repeat}, {mode}]", flush=True)
 
 
 if __name__ == "__main__":
