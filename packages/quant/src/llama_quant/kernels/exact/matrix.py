@@ -118,14 +118,30 @@ class _Spec:
     many_min: int = 1  # from this many tokens on (where the unpacking pays for itself, measured)
 
 
-def _b32(name: str, run: Callable[..., None], many: Callable[..., None], many_min: int) -> _Spec:
+def _q4(name: str) -> _Spec:
+    """Q4_0 (no min) and Q4_1. With AVX2 the nibbles are regrouped at load (``pairs.q4_pair_layout``) and
+    one kernel serves every token count."""
+
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         arrays = blocks32.pack(name, raw, r, c)
-        if name in ("Q4_0", "Q4_1") and pairs.AVAILABLE:  # pairs.mm_q4 takes every token count
+        if pairs.AVAILABLE:
             return (pairs.q4_pair_layout(arrays[0], c // 32), *arrays[1:])
         return arrays
 
-    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run, many if pairs.AVAILABLE else None, many_min)
+    kernel = pairs.mm_q4 if pairs.AVAILABLE else blocks32.mv_q4
+    if name == "Q4_1":
+        run = lambda a, o, x, n, r, nb: kernel(o, a[0], a[1], a[2], *x, n, r, nb, True)  # type: ignore[call-arg]  # noqa: E731
+    else:  # Q4_0: d in the min's place, never read
+        run = lambda a, o, x, n, r, nb: kernel(o, a[0], a[1], a[1], *x, n, r, nb, False)  # type: ignore[call-arg]  # noqa: E731
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
+
+
+def _q5_1() -> _Spec:
+    """Q5_1: the byte-pair kernel (a tile unpacked once for all tokens) from 4 tokens on, with AVX2."""
+    pack = lambda raw, r, c: blocks32.pack("Q5_1", raw, r, c)  # noqa: E731
+    run = lambda a, o, x, n, r, nb: blocks32.mv_q5(o, *a, *x, n, r, nb, True)  # type: ignore[call-arg]  # noqa: E731
+    many = lambda a, o, x, n, r, nb: pairs.mm_q5(o, *a, *x, n, r, nb, True)  # type: ignore[call-arg]  # noqa: E731
+    return _Spec(32, blocks32.BLOCK_BYTES["Q5_1"], "q8", pack, run, many if pairs.AVAILABLE else None, 4)
 
 
 def _q8(name: str) -> _Spec:
@@ -169,15 +185,11 @@ def _f(qtype: T, bb: int, fmt: str) -> _Spec:
     )
 
 
-# fmt: off
 _SPECS: dict[T, _Spec] = {
-    T.Q4_0: _b32("Q4_0", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False),
-                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[1], x[0], x[1], x[2], x[3], n, r, nb, False), 1),
-    T.Q4_1: _b32("Q4_1", lambda a, o, x, n, r, nb: blocks32.mv_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True),
-                 lambda a, o, x, n, r, nb: pairs.mm_q4(o, a[0], a[1], a[2], x[0], x[1], x[2], x[3], n, r, nb, True), 1),
+    T.Q4_0: _q4("Q4_0"),
+    T.Q4_1: _q4("Q4_1"),
     T.Q5_0: _q8("Q5_0"),
-    T.Q5_1: _b32("Q5_1", lambda a, o, x, n, r, nb: blocks32.mv_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True),
-                 lambda a, o, x, n, r, nb: pairs.mm_q5(o, a[0], a[1], a[2], a[3], x[0], x[1], x[2], x[3], n, r, nb, True), 4),
+    T.Q5_1: _q5_1(),
     T.Q8_0: _q8("Q8_0"),
     T.Q2_K: _k(T.Q2_K, 84),
     T.Q3_K: _k(T.Q3_K, 110),
@@ -188,7 +200,6 @@ _SPECS: dict[T, _Spec] = {
     T.BF16: _f(T.BF16, 2, "bf16"),
     T.F32: _f(T.F32, 4, "f32"),
 }
-# fmt: on
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
 
