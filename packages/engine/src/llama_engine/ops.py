@@ -26,7 +26,6 @@ __all__ = [
     "rms_norm",
     "rope",
     "rope_cache",
-    "store_rows",
     "swiglu",
 ]
 
@@ -134,17 +133,34 @@ def attention(
     SSE2 horizontal sum, in double; KQV sums in double over the cells in order. An f16 cache (k, v float16) computes as ggml does with
     f16 K and V: q rounded to f16 for the KQ dots, the probabilities rounded to f16 for the KQV sums.
     """
-    if k.dtype == np.float16:  # ggml_mul_mat(k f16, q): q converted to k's vec_dot type, f16
-        k = k.view(np.uint16)
-        q = _round_rows_f16(q)
-    p16 = v.dtype == np.float16  # ggml_mul_mat(v f16, kq): the probabilities converted to f16
-    if p16:
-        v = v.view(np.uint16)
-    sc = np.float32(scale)
+    k16, v16 = k.dtype == np.float16, v.dtype == np.float16
+    _attend_cached(
+        out, q, k.view(np.uint16) if k16 else k, v.view(np.uint16) if v16 else v, cells, lo, hi,
+        n, n_head, n_head_kv, head_dim, np.float32(scale), k16, v16,
+    )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
+def _attend_cached(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, k16, v16):  # type: ignore[no-untyped-def]
+    """``attention`` on the cache layer as the kernel takes it (``k16`` / ``v16``: kc / vc are an f16
+    cache's uint16 view)."""
+    qq = _round_rows_f16(q) if k16 else q  # ggml_mul_mat(k f16, q): q converted to k's vec_dot type, f16
     starts = _token_blocks(lo, hi, n)
+    # v16: ggml_mul_mat(v f16, kq) converts the probabilities to f16
     _attention_blocked(
-        out, q, k, v, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, sc, p16
+        out, qq, kc, vc, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, kq_scale, v16
     )
+
+
+@numba.njit(cache=True, nogil=True)
+def _store_rows(dst, rows, src, f16):  # type: ignore[no-untyped-def]
+    """dst[rows] = src: f32 as is, or (``f16``: dst an f16 cache's uint16 view) rounded to nearest even
+    (ggml_cpy to f16)."""
+    if f16:
+        _store_f16(dst, rows, src)
+    else:
+        for r in range(len(rows)):
+            dst[rows[r], :] = src[r]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -153,30 +169,17 @@ def attend(  # type: ignore[no-untyped-def]
     n, n_head, n_head_kv, head_dim, rope_dims, mode, q_scale, kq_scale, k16, v16,
 ):  # fmt: skip
     """A layer's attention after its q/k/v products, in one call: RoPE on q and k (``rope``), q times
-    ``q_scale`` unless it is 1, k and v stored in the cache at ``new_cells`` (``store_rows``; ``k16`` /
-    ``v16``: kc / vc are an f16 cache's uint16 view), then ``attention`` with ``kq_scale``. The same
-    numbers as those calls one by one."""
+    ``q_scale`` unless it is 1, k and v stored in the cache at ``new_cells`` (``k16`` / ``v16``: kc / vc
+    are an f16 cache's uint16 view), then ``attention`` with ``kq_scale``."""
     rope(q, pos, table, n, n_head, head_dim, rope_dims, mode)
     rope(k, pos, table, n, n_head_kv, head_dim, rope_dims, mode)
     if q_scale != np.float32(1.0):
         for t in range(n):
             for i in range(q.shape[1]):
                 q[t, i] = q[t, i] * q_scale
-    if k16:
-        _store_f16(kc, new_cells, k)
-    else:
-        for r in range(len(new_cells)):
-            kc[new_cells[r], :] = k[r]
-    if v16:
-        _store_f16(vc, new_cells, v)
-    else:
-        for r in range(len(new_cells)):
-            vc[new_cells[r], :] = v[r]
-    qq = _round_rows_f16(q) if k16 else q  # ggml_mul_mat(k f16, q): q converted to f16
-    starts = _token_blocks(lo, hi, n)
-    _attention_blocked(
-        out, qq, kc, vc, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, kq_scale, v16
-    )
+    _store_rows(kc, new_cells, k, k16)
+    _store_rows(vc, new_cells, v, v16)
+    _attend_cached(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, k16, v16)
 
 
 # Tokens per block of the batched kernel: their query heads of one KV head share each K and V row read.
@@ -406,14 +409,6 @@ def _store_f16(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
         d = dst[rows[i]]
         for j in range(src.shape[1]):
             d[j] = _f16_bits(src[i, j])  # type: ignore[call-arg]
-
-
-def store_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
-    """dst[rows] = src for a cache array: f32 as is, f16 rounded to nearest even (ggml_cpy to f16)."""
-    if dst.dtype == np.float16:
-        _store_f16(dst.view(np.uint16), rows, src)
-    else:
-        dst[rows] = src
 
 
 @intrinsic
