@@ -356,6 +356,8 @@ def _unpack_q4k(u, scl, qs, sc, nsb):  # pragma: no cover - numba
 # aux32[l] = sum_j sc_j * (S_j - 32 * (x_p + x_p+8)). Sub-blocks go two at a time: a row's four bytes (q
 # at 16 j + l, 16 j + 8 + l, 16 j + 16 + l, 16 j + 24 + l) against the broadcast activation bytes, plus the
 # broadcast offset terms (in int16), then ``pmaddwd`` with the rows' (sc_j, sc_j+1).
+# The 6-bit values are stored as they are in ggml, 6 bits each: four 32-byte vectors of one row group take
+# 96 bytes (two nibble vectors and one vector of the top two bits) and are split in registers.
 
 
 @intrinsic
@@ -371,15 +373,40 @@ def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff)
         bs = [f.broadcast(b_p, bxoff, jp, _V16I16) for jp in range(8)]
         for rg in range(8):
             acc = ir.Constant(_V8I32, None)
-            for jp in range(8):
-                w = f.load(u_p, uoff, (jp * 8 + rg) * 32, _V32I8, 1)
-                sc = builder.sext(f.load(s_p, scloff, (jp * 8 + rg) * 16, _V16I8, 1), _V16I16)
-                # pair sums (<= 2 * 63 * 127) plus offset terms (|.| <= 32 * 254) still fit int16
-                acc = builder.add(acc, f.pmaddwd(builder.add(f.pmaddubsw(w, xs[jp]), bs[jp]), sc))
+            for a in range(2):
+                unit = (a * 8 + rg) * 96
+                ws = _six_bits(f, *(f.load(u_p, uoff, unit + 32 * v, _V32I8, 1) for v in range(3)))
+                for k, w in enumerate(ws):
+                    jp = 4 * a + k
+                    sc = builder.sext(f.load(s_p, scloff, (jp * 8 + rg) * 16, _V16I8, 1), _V16I16)
+                    # pair sums (<= 2 * 63 * 127) plus offset terms (|.| <= 32 * 254) still fit int16
+                    acc = builder.add(acc, f.pmaddwd(builder.add(f.pmaddubsw(w, xs[jp]), bs[jp]), sc))
             builder.store(acc, f.at(aux_p, auxoff, rg * 8, _V8I32), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _six_bits(f: _IR, n0, n1, high):  # type: ignore[no-untyped-def]
+    """The four 6-bit byte vectors of one ``k_pair_layout`` unit: low nibbles of values 0, 1 in ``n0``,
+    of 2, 3 in ``n1``; the top two bits of value k at bits 2k, 2k + 1 of ``high``."""
+    b = f.b
+
+    def const(v: int):  # type: ignore[no-untyped-def]
+        return ir.Constant(_V32I8, [v] * 32)
+
+    def shift(v, n: int, left: bool):  # type: ignore[no-untyped-def]  # 16-bit lanes: masked after
+        wide = b.bitcast(v, _V16I16)
+        moved = (b.shl if left else b.lshr)(wide, ir.Constant(_V16I16, [n] * 16))
+        return b.bitcast(moved, _V32I8)
+
+    lo0, lo1 = _nibbles(f, n0)
+    lo2, lo3 = _nibbles(f, n1)
+    h0 = b.and_(shift(high, 4, True), const(0x30))
+    h1 = b.and_(shift(high, 2, True), const(0x30))
+    h2 = b.and_(high, const(0x30))
+    h3 = b.and_(shift(high, 2, False), const(0x30))
+    return b.or_(lo0, h0), b.or_(lo1, h1), b.or_(lo2, h2), b.or_(lo3, h3)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -425,12 +452,12 @@ def _unpack_q6k(u, scl, q, sc, nsb):  # pragma: no cover - numba
 
 def k_pair_layout(qtype: T, arrays: tuple[np.ndarray, ...], nsb: int) -> tuple[np.ndarray, ...]:
     """``kquants.pack``'s Q4_K or Q6_K tiles -> the layouts ``mm_q4k`` / ``mm_q6k`` take: the values as the
-    lane kernels read them (Q4_K: two vectors in the nibbles of one, as raw Q4_K's size; Q6_K: one byte per
-    value), the scales as int8 pairs; mins and super-block scales unchanged."""
+    lane kernels read them (Q4_K: two vectors in the nibbles of one, as raw Q4_K's size; Q6_K: four
+    vectors in 96 bytes, ``_six_bits``), the scales as int8 pairs; mins and super-block scales unchanged."""
     q, sc, mn, d, dmin = arrays
     g = q.shape[0]
     q6 = qtype == T.Q6_K
-    u = np.empty((g, nsb * 256 * 64 // (1 if q6 else 2)), np.uint8)
+    u = np.empty((g, nsb * 256 * 64 * 3 // 4 if q6 else nsb * 256 * 32), np.uint8)
     scl = np.empty((g, nsb * (8 if q6 else 4) * 8 * 16), np.int8)
     _k_layout(u, scl, q, sc, nsb, q6)
     return u, scl, mn, d, dmin
@@ -443,7 +470,23 @@ def _k_layout(u, scl, q, sc, nsb, q6):  # pragma: no cover - numba
         wide = np.empty(scl.shape[1], np.int16)
         if q6:
             _unpack_q6k(full, wide, q[g], sc[g], nsb)
-            u[g, :] = full
+            for i in range(full.size // 128):  # vectors 4i .. 4i + 3 (jp = 4a + k of one rg) into 96 bytes
+                a, rg = divmod(i % 16, 8)
+                src = (i // 16) * 2048 + (a * 32 + rg) * 32
+                o = i * 96
+                for k in range(32):
+                    v0 = full[src + k]
+                    v1 = full[src + 256 + k]
+                    v2 = full[src + 512 + k]
+                    v3 = full[src + 768 + k]
+                    u[g, o + k] = (v0 & 15) | ((v1 & 15) << np.uint8(4))
+                    u[g, o + 32 + k] = (v2 & 15) | ((v3 & 15) << np.uint8(4))
+                    u[g, o + 64 + k] = (
+                        (v0 >> np.uint8(4))
+                        | ((v1 >> np.uint8(4)) << np.uint8(2))
+                        | ((v2 >> np.uint8(4)) << np.uint8(4))
+                        | ((v3 >> np.uint8(4)) << np.uint8(6))
+                    )
         else:
             _unpack_q4k(full, wide, q[g], sc[g], nsb)
             for i in range(full.size // 64):  # vectors 2i, 2i + 1 into the nibbles of one
@@ -493,7 +536,7 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
                 for lane in range(8):
                     o = (s * 8 + lane) * 8
                     if q6:
-                        _q6k_lane(aux, lane * 64, u, o * 8 * 32, scl, s * 1024, xt, o, bt, o)  # type: ignore[call-arg]
+                        _q6k_lane(aux, lane * 64, u, o * 192, scl, s * 1024, xt, o, bt, o)  # type: ignore[call-arg]
                     else:
                         _q4k_lane(aux, lane * 64, u, o * 128, scl, s * 512, xt, o)  # type: ignore[call-arg]
                 # unsigned indices: signed index arithmetic keeps LLVM from vectorizing the float steps
