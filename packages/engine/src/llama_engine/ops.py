@@ -14,6 +14,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange, types, uint64
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
@@ -148,7 +149,21 @@ def _attend_cached(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim
     starts = _token_blocks(lo, hi, n)
     # v16: ggml_mul_mat(v f16, kq) converts the probabilities to f16
     _attention_blocked(
-        out, qq, kc, vc, cells, lo, hi, starts, len(starts) - 1, n_head, n_head_kv, head_dim, kq_scale, v16
+        out,
+        qq,
+        kc,
+        vc,
+        cells,
+        lo,
+        hi,
+        starts,
+        len(starts) - 1,
+        n_head,
+        n_head_kv,
+        head_dim,
+        kq_scale,
+        k16,
+        v16,
     )
 
 
@@ -204,27 +219,41 @@ def _token_blocks(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
 def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
     """w[o:o+length] <- exp(w - mx) through ggml_v_expf four at a time, summed as ggml_vec_soft_max_f32
     (SSE2 horizontal sum of each group, then in double); returns 1 / sum in float32."""
+    row = w[o : o + length]
+    n = uint64(length)
+    if _expf_in_range(row, n, mx):
+        for j in range(n):  # every lane on ggml_v_expf's main path: branch-free, so it vectorizes
+            row[j] = _expf_main(row[j] - mx)
+    else:
+        for j in range(n):
+            row[j] = _expf_sse2(row[j] - mx)
     total = 0.0
     for g in range(0, length - length % 4, 4):
-        e0 = _expf_sse2(w[o + g] - mx)
-        e1 = _expf_sse2(w[o + g + 1] - mx)
-        e2 = _expf_sse2(w[o + g + 2] - mx)
-        e3 = _expf_sse2(w[o + g + 3] - mx)
-        w[o + g], w[o + g + 1], w[o + g + 2], w[o + g + 3] = e0, e1, e2, e3
-        total += np.float64((e0 + e1) + (e2 + e3))
+        total += np.float64((row[g] + row[g + 1]) + (row[g + 2] + row[g + 3]))
     rest = length % 4
     if rest:  # the tail group, padded with exp(-inf) = 0
-        g = length - rest
         e = np.zeros(4, np.float32)
         for i in range(rest):
-            e[i] = _expf_sse2(w[o + g + i] - mx)
-            w[o + g + i] = e[i]
+            e[i] = row[length - rest + i]
         total += np.float64((e[0] + e[1]) + (e[2] + e[3]))
     return np.float32(1.0 / total)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _expf_in_range(row, n, mx):  # type: ignore[no-untyped-def]
+    """Whether ggml_v_expf takes its main path for every row[j] - mx (|n| <= 126; counted, so the loop
+    vectorizes)."""
+    far = 0
+    for j in range(n):
+        nn = ((row[j] - mx) * _LOG2E + _R) - _R
+        far += abs(nn) > np.float32(126.0)
+    return far == 0
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, p16):  # type: ignore[no-untyped-def]
+def _attention_blocked(
+    out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, k16, p16
+):  # type: ignore[no-untyped-def]
     """Attention (see `attention`) per KV head and token block, with
     the block's query heads as lanes: every dot product and output element sums over the dimension, then
     the cells, in ggml's order. Many lanes (a prompt) are the vector lanes, so each K and V row is read once
@@ -255,8 +284,14 @@ def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_
                 for d in range(head_dim):
                     qt[d, i * group + g] = q[t0 + i, qo + d]
         w = np.empty((lanes, span), np.float32)
-        if lanes >= _MANY_LANES:
-            _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc)
+        tiled = lanes >= _MANY_LANES and head_dim % _TILE_COLS == 0
+        nl = (lanes + _TILE_LANES - 1) // _TILE_LANES * _TILE_LANES
+        if tiled and k16:  # f16 q and k: products exact in double
+            qa, kb = np.zeros((head_dim, nl), np.float64), np.zeros((_CELL_CHUNK, head_dim), np.float64)
+            _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa, kb)
+        elif tiled:  # f32: each product rounded to float, then summed in double
+            qa32, kb32 = np.zeros((head_dim, nl), np.float32), np.zeros((_CELL_CHUNK, head_dim), np.float32)
+            _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa32, kb32)
         else:
             _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc)
         inv = np.empty(lanes, np.float32)
@@ -270,8 +305,14 @@ def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_
                     mx = w[a, j]
             inv[a] = _softmax_sse2(w[a], o, length, mx)
         kqv = np.zeros((lanes, head_dim), np.float64)
-        if lanes >= _MANY_LANES:
-            _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16)
+        if tiled and p16:
+            pm, vb = np.zeros((span, nl), np.float64), np.zeros((_CELL_CHUNK, head_dim), np.float64)
+            _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pm, vb)
+        elif tiled:
+            pm32, vb32 = np.zeros((span, nl), np.float32), np.zeros((_CELL_CHUNK, head_dim), np.float32)
+            _kqv_many(
+                kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pm32, vb32
+            )
         else:
             _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, t0, group, ko, head_dim, lanes, p16)
         for i in range(nt):
@@ -282,6 +323,69 @@ def _attention_blocked(out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_
 
 
 _MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vector dimension
+_TILE_LANES, _TILE_COLS = 8, 4  # a ``_tile_sums`` register tile: 8 lanes by 4 cells (K.Q) or dimensions
+_CELL_CHUNK = 128  # cells whose K or V rows are widened at a time (a multiple of _TILE_COLS)
+
+
+@intrinsic
+def _tile_sums(typingctx, res, roff, a, aoff, b, boff, nt, lda, bt, bc, ldr):  # type: ignore[no-untyped-def]
+    """res[roff + c * ldr + l] += sum over t < nt, in order, of a[aoff + t * lda + l] * b[boff + t * bt + c *
+    bc], for 8 lanes l and 4 columns c: 32 sums kept in registers (res float64).
+
+    With a and b float64 holding f16 values (an f16 cache), each product is exact, so a fused multiply-add
+    gives the same double as ggml's float product widened and added; with float32, the product is rounded to
+    float first and then widened, as ggml's generic vec_dot does."""
+    sig = types.void(res, types.intp, a, types.intp, b, types.intp, *([types.intp] * 5))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        res_v, roff, a_v, aoff, b_v, boff, nt, lda, bt, bc, ldr = args
+        rp, ap, bp = (
+            context.make_array(signature.args[i])(context, builder, v).data
+            for i, v in ((0, res_v), (2, a_v), (4, b_v))
+        )
+        f64 = ir.DoubleType()
+        elt = ap.type.pointee
+        vd, ve = ir.VectorType(f64, _TILE_LANES), ir.VectorType(elt, _TILE_LANES)
+        undef = ir.Constant(ve, ir.Undefined)
+        splat = ir.Constant(ir.VectorType(ir.IntType(32), _TILE_LANES), [0] * _TILE_LANES)
+
+        def vec_at(p, off, ty):  # type: ignore[no-untyped-def]
+            return builder.bitcast(builder.gep(p, [off]), ty.as_pointer())
+
+        def times(x, c: int):  # type: ignore[no-untyped-def]
+            return builder.mul(x, ir.Constant(x.type, c))
+
+        fma = None
+        if elt == f64:
+            name = f"llvm.fma.v{_TILE_LANES}f64"
+            fma = builder.module.globals.get(name) or ir.Function(
+                builder.module, ir.FunctionType(vd, [vd, vd, vd]), name
+            )
+        tiles = []  # (accumulator slot, its place in res); the slots become registers
+        for c in range(_TILE_COLS):
+            at = vec_at(rp, builder.add(roff, times(ldr, c)), vd)
+            slot = cgutils.alloca_once(builder, vd)
+            builder.store(builder.load(at, align=8), slot)
+            tiles.append((slot, at))
+        with cgutils.for_range(builder, nt) as loop:
+            t = loop.index
+            av = builder.load(vec_at(ap, builder.add(aoff, builder.mul(t, lda)), ve), align=4)
+            brow = builder.add(boff, builder.mul(t, bt))
+            for c, (slot, _) in enumerate(tiles):
+                scalar = builder.load(builder.gep(bp, [builder.add(brow, times(bc, c))]))
+                bv = builder.shuffle_vector(
+                    builder.insert_element(undef, scalar, ir.Constant(ir.IntType(32), 0)), undef, splat
+                )
+                acc = builder.load(slot)
+                if fma is not None:
+                    builder.store(builder.call(fma, [av, bv, acc]), slot)
+                else:
+                    builder.store(builder.fadd(acc, builder.fpext(builder.fmul(av, bv), vd)), slot)
+        for slot, at in tiles:
+            builder.store(builder.load(slot), at, align=8)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 # The inner loops index row views with unsigned counters: a signed index makes numba check for negative
@@ -289,19 +393,26 @@ _MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vect
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignore[no-untyped-def]
-    acc = np.empty(lanes, np.float64)
-    nl = uint64(lanes)
-    for j in range(span):
-        krow = k[cells[jlo + j], ko : ko + head_dim]
-        acc[:] = 0.0
-        for d in range(uint64(head_dim)):
-            kd = _widen(krow[d])  # type: ignore[call-arg,var-annotated]
-            qd = qt[d]
-            for a in range(nl):
-                acc[a] += np.float64(kd * qd[a])
+def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa, kb):  # type: ignore[no-untyped-def]
+    """w[a, j] = (q_a . k_j) * sc for all lanes and the span's cells, in register tiles (``_tile_sums``).
+    qa, kb: zeroed scratch [head_dim, padded lanes] and [_CELL_CHUNK, head_dim] of the element type the
+    products are taken in (``_tile_scratch``)."""
+    nl = qa.shape[1]
+    qa[:, :lanes] = qt
+    res = np.empty((_CELL_CHUNK, nl), np.float64)
+    for c0 in range(0, span, _CELL_CHUNK):
+        m = min(_CELL_CHUNK, span - c0)
+        for j in range(m):
+            krow = k[cells[jlo + c0 + j], ko : ko + head_dim]
+            for d in range(uint64(head_dim)):
+                kb[j, d] = _widen(krow[d])  # type: ignore[call-arg]
+        res[:] = 0.0
+        for j0 in range(0, m, _TILE_COLS):
+            for a0 in range(0, nl, _TILE_LANES):
+                _tile_sums(res, j0 * nl + a0, qa, a0, kb, j0 * head_dim, head_dim, nl, 1, head_dim, nl)  # type: ignore[call-arg]
         for a in range(lanes):
-            w[a, j] = np.float32(acc[a]) * sc
+            for j in range(m):
+                w[a, c0 + j] = np.float32(res[j, a]) * sc
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -326,23 +437,25 @@ def _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignor
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16):  # type: ignore[no-untyped-def]
-    # the probabilities, zero outside each lane's cells (adding a zero product leaves a sum unchanged)
-    pm = np.zeros((span, lanes), np.float32)
+def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pm, vb):  # type: ignore[no-untyped-def]
+    """kqv[a, d] = sum over the span's cells, in order, of p_aj * v_jd (``_tile_sums``), with the
+    probabilities zero outside each lane's cells (adding a zero product leaves a sum unchanged).
+    pm, vb: zeroed scratch [span, padded lanes] and [_CELL_CHUNK, head_dim] (``_tile_scratch``)."""
+    nl = pm.shape[1]
     for a in range(lanes):
         t = t0 + a // group
         for j in range(lo[t] - jlo, hi[t] - jlo):
             pm[j, a] = _prob(w[a, j], inv[a], p16)
-    kqvt = np.zeros((head_dim, lanes), np.float64)
-    nl = uint64(lanes)
-    for j in range(span):
-        vrow = v[cells[jlo + j], ko : ko + head_dim]
-        pj = pm[j]
-        for d in range(uint64(head_dim)):
-            vd = _widen(vrow[d])  # type: ignore[call-arg,var-annotated]
-            kd = kqvt[d]
-            for a in range(nl):
-                kd[a] += np.float64(vd * pj[a])
+    kqvt = np.zeros((head_dim, nl), np.float64)
+    for c0 in range(0, span, _CELL_CHUNK):
+        m = min(_CELL_CHUNK, span - c0)
+        for j in range(m):
+            vrow = v[cells[jlo + c0 + j], ko : ko + head_dim]
+            for d in range(uint64(head_dim)):
+                vb[j, d] = _widen(vrow[d])  # type: ignore[call-arg]
+        for d0 in range(0, head_dim, _TILE_COLS):
+            for a0 in range(0, nl, _TILE_LANES):
+                _tile_sums(kqvt, d0 * nl + a0, pm, c0 * nl + a0, vb, d0, m, nl, head_dim, 1, nl)  # type: ignore[call-arg]
     for a in range(lanes):
         for d in range(head_dim):
             kqv[a, d] = kqvt[d, a]
@@ -477,6 +590,20 @@ def _expf_sse2(x: np.float32) -> np.float32:
     if an > np.float32(192.0):
         return s1 * s1
     return (s2 * j + s2) * s1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _expf_main(x: np.float32) -> np.float32:
+    """ggml_v_expf's main path (|n| <= 126): ``_expf_sse2`` without the range check."""
+    z = x * _LOG2E + _R
+    nn = z - _R
+    b = x - nn * _LN2_HI
+    b = b - nn * _LN2_LO
+    e = np.uint32(_f32_bits(z) << np.uint32(23))  # type: ignore[call-arg,var-annotated]
+    kk = _bits_f32(np.uint32(e + np.uint32(0x3F800000)))  # type: ignore[call-arg,var-annotated]
+    u = b * b
+    j = ((_P0 * b + _P1) * u + (_P2 * b + _P3)) * u + _P4 * b
+    return j * kk + kk
 
 
 @numba.njit(cache=True, nogil=True)
