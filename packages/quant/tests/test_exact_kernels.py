@@ -26,17 +26,13 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_activation_quantizers_match_reference(kind: str) -> None:
     n, cols = 3, 768
     x = make_acts(kind, n, cols)
+    q8 = [(cols, np.int8), (cols // 32, np.float32), (cols // 32, np.float32), (cols // 16, np.int32)]
+    q8k = [(cols, np.int8), (cols // 256, np.float32), (cols // 16, np.int32)]
     for fn, rfn, shapes in (
-        (
-            act.quantize_q8,
-            ref.quantize_q8,
-            [(cols, np.int8), (cols // 32, np.float32), (cols // 32, np.float32), (cols // 16, np.int32)],
-        ),
-        (
-            act.quantize_q8_k,
-            ref.quantize_q8_k,
-            [(cols, np.int8), (cols // 256, np.float32), (cols // 16, np.int32)],
-        ),
+        (act.quantize_q8, ref.quantize_q8, q8),
+        (act.quantize_q8_rows, ref.quantize_q8, q8),  # the threaded form, for many tokens
+        (act.quantize_q8_k, ref.quantize_q8_k, q8k),
+        (act.quantize_q8_k_rows, ref.quantize_q8_k, q8k),
         (act.quantize_f16, ref.quantize_f16, [(cols, np.float32)]),
         (act.quantize_bf16, ref.quantize_bf16, [(cols, np.float32)]),
     ):

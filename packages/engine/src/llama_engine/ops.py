@@ -33,17 +33,35 @@ __all__ = [
 ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama
 ROPE_NEOX = 2  # rotate halves (x[i], x[i + n/2]): gemma3, qwen2/3, phi3 (GGML_ROPE_TYPE_NEOX)
 
+_PARALLEL_ROWS = 8  # from this many rows on, the row-wise steps (norms, FFN activations) use all threads
+
+
+def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float, n: int, d: int) -> None:
+    """out[n, d] = x / sqrt(mean(x^2) + eps) * w[d]   (ggml_rms_norm, then ggml_mul). Many rows spread over
+    the threads."""
+    (_rms_norm_rows if n >= _PARALLEL_ROWS else _rms_norm)(out, x, w, eps, n, d)
+
 
 @numba.njit(cache=True, nogil=True)
-def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float, n: int, d: int) -> None:
-    """out[n, d] = x / sqrt(mean(x^2) + eps) * w[d]   (ggml_rms_norm, then ggml_mul)."""
+def _rms_norm(out, x, w, eps, n, d):  # type: ignore[no-untyped-def]
     for t in range(n):
-        acc = 0.0  # ggml_float: double accumulation
-        for i in range(d):
-            acc += np.float64(x[t, i] * x[t, i])  # the square in float, the sum in double
-        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(acc / d) + np.float32(eps)))
-        for i in range(d):
-            out[t, i] = (x[t, i] * scale) * w[i]
+        _rms_norm_row(out[t], x[t], w, eps, d)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _rms_norm_rows(out, x, w, eps, n, d):  # type: ignore[no-untyped-def]
+    for t in prange(n):
+        _rms_norm_row(out[t], x[t], w, eps, d)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rms_norm_row(o, x, w, eps, d):  # type: ignore[no-untyped-def]
+    acc = 0.0  # ggml_float: double accumulation
+    for i in range(d):
+        acc += np.float64(x[i] * x[i])  # the square in float, the sum in double
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(acc / d) + np.float32(eps)))
+    for i in range(d):
+        o[i] = (x[i] * scale) * w[i]
 
 
 def rope_cache(n_pos: int, n_dims: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:
@@ -606,20 +624,37 @@ def _expf_main(x: np.float32) -> np.float32:
     return j * kk + kk
 
 
-@numba.njit(cache=True, nogil=True)
 def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
     """out = silu(gate) * up as ggml_vec_swiglu_f32: the SSE2 ggml_v_silu on groups of four, the
-    scalar x / (1 + expf(-x)) on the remainder."""
-    simd = d - d % 4
-    one = np.float32(1.0)
+    scalar x / (1 + expf(-x)) on the remainder. Many tokens spread over the threads."""
+    (_swiglu_rows if n >= _PARALLEL_ROWS else _swiglu)(out, gate, up, n, d)
+
+
+@numba.njit(cache=True, nogil=True)
+def _swiglu(out, gate, up, n, d):  # type: ignore[no-untyped-def]
     for t in range(n):
-        for i in range(d):
-            g = gate[t, i]
-            if i < simd:
-                s = g / (one + _expf_sse2(np.float32(0.0) - g))
-            else:
-                s = g / (one + np.float32(math.exp(-g)))
-            out[t, i] = s * up[t, i]
+        _swiglu_row(out[t], gate[t], up[t], d)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _swiglu_rows(out, gate, up, n, d):  # type: ignore[no-untyped-def]
+    for t in prange(n):
+        _swiglu_row(out[t], gate[t], up[t], d)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _swiglu_row(o, g, u, d):  # type: ignore[no-untyped-def]
+    simd = uint64(d - d % 4)
+    one = np.float32(1.0)
+    zero = np.float32(0.0)
+    if _expf_in_range(g, simd, zero):  # |nn| of -g is that of g: all lanes on ggml_v_expf's main path
+        for i in range(simd):
+            o[i] = g[i] / (one + _expf_main(zero - g[i])) * u[i]
+    else:
+        for i in range(simd):
+            o[i] = g[i] / (one + _expf_sse2(zero - g[i])) * u[i]
+    for i in range(simd, uint64(d)):
+        o[i] = g[i] / (one + np.float32(math.exp(-g[i]))) * u[i]
 
 
 def _build_gelu_table() -> np.ndarray:
@@ -643,18 +678,29 @@ def gelu_table() -> np.ndarray:
 
 def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
     """out = gelu(gate) * up with ggml's fp16-table GELU (ggml_vec_geglu_f32 under GGML_GELU_FP16)."""
-    _geglu(out, gate, up, _GELU_TABLE, n, d)
+    (_geglu_rows if n >= _PARALLEL_ROWS else _geglu)(out, gate, up, _GELU_TABLE, n, d)
 
 
 @numba.njit(cache=True, nogil=True)
 def _geglu(out, gate, up, table, n, d):  # type: ignore[no-untyped-def]
     for t in range(n):
-        for i in range(d):
-            g = gate[t, i]
-            if g <= np.float32(-10.0):
-                y = np.float32(0.0)
-            elif g >= np.float32(10.0):
-                y = g
-            else:
-                y = table[_f16_bits(g)]  # type: ignore[call-arg]
-            out[t, i] = y * up[t, i]
+        _geglu_row(out[t], gate[t], up[t], table, d)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _geglu_rows(out, gate, up, table, n, d):  # type: ignore[no-untyped-def]
+    for t in prange(n):
+        _geglu_row(out[t], gate[t], up[t], table, d)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _geglu_row(o, gate, up, table, d):  # type: ignore[no-untyped-def]
+    for i in range(d):
+        g = gate[i]
+        if g <= np.float32(-10.0):
+            y = np.float32(0.0)
+        elif g >= np.float32(10.0):
+            y = g
+        else:
+            y = table[_f16_bits(g)]  # type: ignore[call-arg]
+        o[i] = y * up[i]

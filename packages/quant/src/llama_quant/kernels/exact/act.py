@@ -17,9 +17,16 @@ import math
 
 import numba
 import numpy as np
-from numba import float32, float64, int32, uint32, uint64
+from numba import float32, float64, int32, prange, uint32, uint64
 
-__all__ = ["quantize_bf16", "quantize_f16", "quantize_q8", "quantize_q8_k"]
+__all__ = [
+    "quantize_bf16",
+    "quantize_f16",
+    "quantize_q8",
+    "quantize_q8_k",
+    "quantize_q8_k_rows",
+    "quantize_q8_rows",
+]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -78,36 +85,90 @@ def bf16_round(v):  # pragma: no cover - numba
     return u[0]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _roundf_lanes(v):  # pragma: no cover - numba
+    """``_roundf`` without branches, so a loop of it vectorizes: for |v| < 2**31, ``floor(|v| + 0.5)`` in
+    double is exact (the f32 value plus one half fits a double) and equals half-away-from-zero rounding."""
+    a = abs(float64(v))
+    r = np.floor(a + 0.5)
+    r = r if a < 2147483648.0 else 0.0  # also nan
+    t = np.int64(r)
+    t = -t if v < float32(0.0) else t
+    return int32(np.int8(t))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _q8_row(qr, xd, xs, xsum16, xr, nb):  # pragma: no cover - numba
+    """One row of ``quantize_q8``: xd, xs, xsum16 are the row's slices."""
+    for b in range(nb):
+        o = b * uint64(32)
+        amax = float32(0.0)
+        for j in range(uint64(32)):
+            av = abs(xr[o + j])
+            amax = av if av > amax else amax  # MAX(amax, fabsf(v))
+        d = amax / float32(127.0)
+        iv = float32(1.0) / d if d != float32(0.0) else float32(0.0)
+        s0 = int32(0)
+        s1 = int32(0)
+        for j in range(uint64(16)):
+            q = _roundf_lanes(xr[o + j] * iv)
+            qr[o + j] = q
+            s0 += q
+        for j in range(uint64(16), uint64(32)):
+            q = _roundf_lanes(xr[o + j] * iv)
+            qr[o + j] = q
+            s1 += q
+        xd[b] = f16_round(d)
+        xs[b] = f16_round(float32(s0 + s1) * d)
+        xsum16[uint64(2) * b] = s0
+        xsum16[uint64(2) * b + uint64(1)] = s1
+
+
 @numba.njit(cache=True, nogil=True)
 def quantize_q8(xq, xd, xs, xsum16, x, n, cols):  # pragma: no cover - numba
     """Q8_0 and Q8_1 of ``x[n, cols]``: xq[n, cols] int8; xd[n, cols/32] f32 = fp16(d); xs[n, cols/32]
     f32 = fp16(sum * d) (Q8_1's s); xsum16[n, cols/16] int32 = sums of q per 16 values."""
     nb = uint64(cols // 32)
     for t in range(uint64(n)):
-        xr = x[t]
-        qr = xq[t]
-        for b in range(nb):
-            o = b * uint64(32)
-            amax = float32(0.0)
-            for j in range(uint64(32)):
-                av = abs(xr[o + j])
-                amax = av if av > amax else amax  # MAX(amax, fabsf(v))
-            d = amax / float32(127.0)
-            iv = float32(1.0) / d if d != float32(0.0) else float32(0.0)
-            s0 = int32(0)
-            s1 = int32(0)
+        _q8_row(xq[t], xd[t], xs[t], xsum16[t], x[t], nb)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def quantize_q8_rows(xq, xd, xs, xsum16, x, n, cols):  # pragma: no cover - numba
+    """``quantize_q8`` with the rows spread over the threads (for many tokens)."""
+    nb = uint64(cols // 32)
+    for t in prange(n):
+        _q8_row(xq[t], xd[t], xs[t], xsum16[t], x[t], nb)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _q8k_row(qr, xd, xsum16, xr, nb, fs, us):  # pragma: no cover - numba
+    """One row of ``quantize_q8_k``: xd, xsum16 are the row's slices; fs / us as ``_nearest_int``."""
+    for b in range(nb):
+        o = b * uint64(256)
+        mx = float32(0.0)
+        amax = float32(0.0)
+        for j in range(uint64(256)):
+            av = abs(xr[o + j])
+            if av > amax:
+                amax = av
+                mx = xr[o + j]
+        if amax == float32(0.0):
+            xd[b] = float32(0.0)
+            for j in range(uint64(256)):
+                qr[o + j] = 0
             for j in range(uint64(16)):
-                q = _roundf(xr[o + j] * iv)
-                qr[o + j] = q
-                s0 += q
-            for j in range(uint64(16), uint64(32)):
-                q = _roundf(xr[o + j] * iv)
-                qr[o + j] = q
-                s1 += q
-            xd[t, b] = f16_round(d)
-            xs[t, b] = f16_round(float32(s0 + s1) * d)
-            xsum16[t, uint64(2) * b] = s0
-            xsum16[t, uint64(2) * b + uint64(1)] = s1
+                xsum16[b * uint64(16) + j] = 0
+            continue
+        iscale = float32(-127.0) / mx
+        for j in range(uint64(256)):
+            qr[o + j] = min(int32(127), _nearest_int(iscale * xr[o + j], fs, us))  # int8 store wraps
+        for j in range(uint64(16)):
+            acc = int32(0)
+            for i in range(uint64(16)):
+                acc += int32(qr[o + j * uint64(16) + i])
+            xsum16[b * uint64(16) + j] = acc
+        xd[b] = float32(1.0) / iscale
 
 
 @numba.njit(cache=True, nogil=True)
@@ -117,33 +178,17 @@ def quantize_q8_k(xq, xd, xsum16, x, n, cols):  # pragma: no cover - numba
     fs = np.empty(1, np.float32)
     us = fs.view(np.uint32)
     for t in range(uint64(n)):
-        xr = x[t]
-        qr = xq[t]
-        for b in range(nb):
-            o = b * uint64(256)
-            mx = float32(0.0)
-            amax = float32(0.0)
-            for j in range(uint64(256)):
-                av = abs(xr[o + j])
-                if av > amax:
-                    amax = av
-                    mx = xr[o + j]
-            if amax == float32(0.0):
-                xd[t, b] = float32(0.0)
-                for j in range(uint64(256)):
-                    qr[o + j] = 0
-                for j in range(uint64(16)):
-                    xsum16[t, b * uint64(16) + j] = 0
-                continue
-            iscale = float32(-127.0) / mx
-            for j in range(uint64(256)):
-                qr[o + j] = min(int32(127), _nearest_int(iscale * xr[o + j], fs, us))  # int8 store wraps
-            for j in range(uint64(16)):
-                acc = int32(0)
-                for i in range(uint64(16)):
-                    acc += int32(qr[o + j * uint64(16) + i])
-                xsum16[t, b * uint64(16) + j] = acc
-            xd[t, b] = float32(1.0) / iscale
+        _q8k_row(xq[t], xd[t], xsum16[t], x[t], nb, fs, us)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def quantize_q8_k_rows(xq, xd, xsum16, x, n, cols):  # pragma: no cover - numba
+    """``quantize_q8_k`` with the rows spread over the threads (for many tokens)."""
+    nb = uint64(cols // 256)
+    for t in prange(n):
+        fs = np.empty(1, np.float32)
+        us = fs.view(np.uint32)
+        _q8k_row(xq[t], xd[t], xsum16[t], x[t], nb, fs, us)
 
 
 @numba.njit(cache=True, nogil=True)

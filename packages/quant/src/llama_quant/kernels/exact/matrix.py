@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SUPPORTED_TYPES", "Activations", "ExactMatrix"]
 
+_PARALLEL_ROWS = 8  # from this many tokens on, activations are quantized on all threads
+
 
 class Activations:
     """A batch ``x[n, cols]`` of f32 activations and its vec_dot-type conversions, each made on first use.
@@ -95,10 +97,13 @@ class Activations:
             else:
                 bufs = (np.zeros((m, c), np.float32),)
             self._bufs[fmt] = bufs
+        many = n >= _PARALLEL_ROWS
         if fmt == "q8":
-            act.quantize_q8(bufs[0], bufs[1], bufs[2], bufs[3], self.x, n, c)
+            (act.quantize_q8_rows if many else act.quantize_q8)(
+                bufs[0], bufs[1], bufs[2], bufs[3], self.x, n, c
+            )
         elif fmt == "q8k":
-            act.quantize_q8_k(bufs[0], bufs[1], bufs[2], self.x, n, c)
+            (act.quantize_q8_k_rows if many else act.quantize_q8_k)(bufs[0], bufs[1], bufs[2], self.x, n, c)
         elif fmt == "f16":
             act.quantize_f16(bufs[0], self.x, n, c)
         else:
