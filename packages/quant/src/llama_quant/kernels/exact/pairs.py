@@ -55,6 +55,8 @@ def _have_avx2() -> bool:
 
 AVAILABLE = TILE_ROWS == 64 and _have_avx2()
 
+_SPREAD_TOKENS = 16  # from this many tokens on, the activations are rearranged on all threads (in 16 parts)
+
 
 # --- LLVM IR shared by the intrinsics below -------------------------------------------------------------
 
@@ -162,9 +164,9 @@ _pairs8 = _pair_group(8, True)  # Q4: q4_pair_layout
 
 
 @numba.njit(cache=True, nogil=True)
-def _activation_pairs(xp, xq, n, nb):  # pragma: no cover - numba
+def _activation_pairs(xp, xq, t0, t1, nb):  # pragma: no cover - numba
     """xp[t, b * 16 + j] = the bytes of x[b * 32 + j] and x[b * 32 + j + 16] (little-endian uint16)."""
-    for t in range(n):
+    for t in range(t0, t1):
         for b in range(nb):
             for j in range(16):
                 lo = np.uint16(np.uint8(xq[t, b * 32 + j]))
@@ -221,7 +223,11 @@ def mm_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no 
     """out[n, rows] for Q4_0 (has_min False, Q8_0 activations) or Q4_1 (Q8_1); qs in ``q4_pair_layout``, the
     rest as ``blocks32.mv_q4``."""
     xp = np.empty((n, nb * 16), np.uint16)
-    _activation_pairs(xp, xq, n, nb)
+    if n >= _SPREAD_TOKENS:  # a prompt: the tokens' words on all threads
+        for c in prange(_SPREAD_TOKENS):
+            _activation_pairs(xp, xq, c * n // _SPREAD_TOKENS, (c + 1) * n // _SPREAD_TOKENS, nb)
+    else:
+        _activation_pairs(xp, xq, 0, n, nb)
     for g in prange(qs.shape[0]):
         _run_tile(out, qs[g], d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 8, has_min)
 
@@ -230,7 +236,11 @@ def mm_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no 
 def mm_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
     """out[n, rows] for Q5_0 (has_min False) or Q5_1; arguments as ``blocks32.mv_q5``."""
     xp = np.empty((n, nb * 16), np.uint16)
-    _activation_pairs(xp, xq, n, nb)
+    if n >= _SPREAD_TOKENS:  # a prompt: the tokens' words on all threads
+        for c in prange(_SPREAD_TOKENS):
+            _activation_pairs(xp, xq, c * n // _SPREAD_TOKENS, (c + 1) * n // _SPREAD_TOKENS, nb)
+    else:
+        _activation_pairs(xp, xq, 0, n, nb)
     for g in prange(qs.shape[0]):
         u = np.empty(nb * 16 * 128, np.uint8)
         _unpack_q5(u, qs[g], qh[g], nb)
@@ -301,10 +311,10 @@ def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff):  # type: 
 
 
 @numba.njit(cache=True, nogil=True)
-def _activation_words_q4k(xw, xq, n, nsb):  # pragma: no cover - numba
+def _activation_words_q4k(xw, xq, t0, t1, nsb):  # pragma: no cover - numba
     """xw[t, ((s * 8 + l) * 4 + c) * 2 + h] = the bytes x[p], x[p + 8], x[p + 32], x[p + 40] of
     p = 256 s + 64 c + l + 16 h (little-endian uint32)."""
-    for t in range(n):
+    for t in range(t0, t1):
         for s in range(nsb):
             for lane in range(8):
                 for c in range(4):
@@ -410,10 +420,10 @@ def _six_bits(f: _IR, n0, n1, high):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _activation_words_q6k(xw, bx, xq, n, nsb):  # pragma: no cover - numba
+def _activation_words_q6k(xw, bx, xq, t0, t1, nsb):  # pragma: no cover - numba
     """xw[t, (s * 8 + l) * 8 + jp] = the bytes x[p], x[p + 8], x[p + 16], x[p + 24] of p = 256 s + 32 jp + l;
     bx[t, same] = the int16 pair -32 (x[p] + x[p + 8]), -32 (x[p + 16] + x[p + 24])."""
-    for t in range(n):
+    for t in range(t0, t1):
         for s in range(nsb):
             for lane in range(8):
                 for jp in range(8):
@@ -514,9 +524,17 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
     xw = np.empty((n, nsb * 64), np.uint32)
     bx = np.empty((n, nsb * 64 if q6 else 0), np.uint32)
     if q6:
-        _activation_words_q6k(xw, bx, xq, n, nsb)
+        if n >= _SPREAD_TOKENS:  # a prompt: the tokens' words on all threads
+            for c in prange(_SPREAD_TOKENS):
+                _activation_words_q6k(xw, bx, xq, c * n // _SPREAD_TOKENS, (c + 1) * n // _SPREAD_TOKENS, nsb)
+        else:
+            _activation_words_q6k(xw, bx, xq, 0, n, nsb)
     else:
-        _activation_words_q4k(xw, xq, n, nsb)
+        if n >= _SPREAD_TOKENS:  # a prompt: the tokens' words on all threads
+            for c in prange(_SPREAD_TOKENS):
+                _activation_words_q4k(xw, xq, c * n // _SPREAD_TOKENS, (c + 1) * n // _SPREAD_TOKENS, nsb)
+        else:
+            _activation_words_q4k(xw, xq, 0, n, nsb)
     kind = 0 if q6 else 1
     for g in prange(q.shape[0]):
         u = q[g]
@@ -588,9 +606,9 @@ def _pairs_wd(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-def
 
 
 @numba.njit(cache=True, nogil=True)
-def _activation_words_q8(xw, xq, n, nb):  # pragma: no cover - numba
+def _activation_words_q8(xw, xq, t0, t1, nb):  # pragma: no cover - numba
     """xw[t, b * 16 + j] = the int16 pair (x[b * 32 + j], x[b * 32 + j + 16]) as one uint32."""
-    for t in range(n):
+    for t in range(t0, t1):
         for b in range(nb):
             for j in range(16):
                 lo = np.uint32(np.uint16(np.int16(xq[t, b * 32 + j])))
@@ -603,7 +621,11 @@ def mm_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
     """out[n, rows] for Q8_0 against Q8_0 activations; qs in ``q8_pair_layout``, the rest as
     ``blocks32.mv_q8``."""
     xw = np.empty((n, nb * 16), np.uint32)
-    _activation_words_q8(xw, xq, n, nb)
+    if n >= _SPREAD_TOKENS:  # a prompt: the tokens' words on all threads
+        for c in prange(_SPREAD_TOKENS):
+            _activation_words_q8(xw, xq, c * n // _SPREAD_TOKENS, (c + 1) * n // _SPREAD_TOKENS, nb)
+    else:
+        _activation_words_q8(xw, xq, 0, n, nb)
     for g in prange(qs.shape[0]):
         u = qs[g]
         dg = d[g]
