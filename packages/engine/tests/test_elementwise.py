@@ -55,3 +55,17 @@ def test_geglu_alone_equals_threaded() -> None:
         one = np.empty((1, d), np.float32)
         ops.geglu(one, gate[t : t + 1], up[t : t + 1], 1, d)
         assert np.array_equal(one[0], threaded[t])
+
+
+def test_fused_gate_up_columns_equal_separate_arrays() -> None:
+    """One [gate | up] product passed with column offsets gives what separate gate and up arrays give."""
+    rng = np.random.default_rng(2)
+    for n in (1, 9):
+        both = (rng.standard_normal((n, 2 * 37)) * 4).astype(np.float32)
+        gate, up = both[:, :37].copy(), both[:, 37:].copy()
+        for glu in (ops.swiglu, ops.geglu):
+            fused = np.empty((n, 37), np.float32)
+            glu(fused, both, both, n, 37, 0, 37)
+            apart = np.empty((n, 37), np.float32)
+            glu(apart, gate, up, n, 37)
+            assert np.array_equal(fused, apart)

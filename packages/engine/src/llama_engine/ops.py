@@ -624,22 +624,27 @@ def _expf_main(x: np.float32) -> np.float32:
     return j * kk + kk
 
 
-def swiglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
+def swiglu(
+    out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int, gate_col: int = 0, up_col: int = 0
+) -> None:
     """out = silu(gate) * up as ggml_vec_swiglu_f32: the SSE2 ggml_v_silu on groups of four, the
-    scalar x / (1 + expf(-x)) on the remainder. Many tokens spread over the threads."""
-    (_swiglu_rows if n >= _PARALLEL_ROWS else _swiglu)(out, gate, up, n, d)
+    scalar x / (1 + expf(-x)) on the remainder. The gate is ``gate[:, gate_col : gate_col + d]``, the up
+    values ``up[:, up_col : up_col + d]`` (one fused [gate | up] product can be both). Many tokens spread
+    over the threads."""
+    gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
+    (_swiglu_rows if n >= _PARALLEL_ROWS else _swiglu)(out, gate, up, n, d, gate_col, up_col)
 
 
 @numba.njit(cache=True, nogil=True)
-def _swiglu(out, gate, up, n, d):  # type: ignore[no-untyped-def]
+def _swiglu(out, gate, up, n, d, gc, uc):  # type: ignore[no-untyped-def]
     for t in range(n):
-        _swiglu_row(out[t], gate[t], up[t], d)
+        _swiglu_row(out[t], gate[t][gc : gc + d], up[t][uc : uc + d], d)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _swiglu_rows(out, gate, up, n, d):  # type: ignore[no-untyped-def]
+def _swiglu_rows(out, gate, up, n, d, gc, uc):  # type: ignore[no-untyped-def]
     for t in prange(n):
-        _swiglu_row(out[t], gate[t], up[t], d)
+        _swiglu_row(out[t], gate[t][gc : gc + d], up[t][uc : uc + d], d)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -676,21 +681,25 @@ def gelu_table() -> np.ndarray:
     return _GELU_TABLE
 
 
-def geglu(out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int) -> None:
-    """out = gelu(gate) * up with ggml's fp16-table GELU (ggml_vec_geglu_f32 under GGML_GELU_FP16)."""
-    (_geglu_rows if n >= _PARALLEL_ROWS else _geglu)(out, gate, up, _GELU_TABLE, n, d)
+def geglu(
+    out: np.ndarray, gate: np.ndarray, up: np.ndarray, n: int, d: int, gate_col: int = 0, up_col: int = 0
+) -> None:
+    """out = gelu(gate) * up with ggml's fp16-table GELU (ggml_vec_geglu_f32 under GGML_GELU_FP16); gate and
+    up columns as ``swiglu``."""
+    gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
+    (_geglu_rows if n >= _PARALLEL_ROWS else _geglu)(out, gate, up, _GELU_TABLE, n, d, gate_col, up_col)
 
 
 @numba.njit(cache=True, nogil=True)
-def _geglu(out, gate, up, table, n, d):  # type: ignore[no-untyped-def]
+def _geglu(out, gate, up, table, n, d, gc, uc):  # type: ignore[no-untyped-def]
     for t in range(n):
-        _geglu_row(out[t], gate[t], up[t], table, d)
+        _geglu_row(out[t], gate[t][gc : gc + d], up[t][uc : uc + d], table, d)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _geglu_rows(out, gate, up, table, n, d):  # type: ignore[no-untyped-def]
+def _geglu_rows(out, gate, up, table, n, d, gc, uc):  # type: ignore[no-untyped-def]
     for t in prange(n):
-        _geglu_row(out[t], gate[t], up[t], table, d)
+        _geglu_row(out[t], gate[t][gc : gc + d], up[t][uc : uc + d], table, d)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

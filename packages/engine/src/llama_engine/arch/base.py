@@ -409,18 +409,17 @@ class DecoderModel:
     def ffn(self, il: int, h: np.ndarray | Activations) -> np.ndarray:
         lw = self.layers[il]
         n = h.n if isinstance(h, Activations) else h.shape[0]
-        if lw.w_gate is None:  # fused gate+up (phi3): [n, 2 * n_ff]
-            both = _linear(lw.w_up, h)
-            half = both.shape[1] // 2
-            gate, up = both[:, :half], both[:, half:]
+        if lw.w_gate is None:  # fused gate+up (phi3, or stacked at load): [n, 2 * n_ff]
+            gate = up = _linear(lw.w_up, h)
+            n_ff = gate.shape[1] // 2
         else:
             acts = self.activations(h)
             gate, up = _linear(lw.w_gate, acts), _linear(lw.w_up, acts)
-        act = np.empty(gate.shape, np.float32)
-        if self.activation == "gelu":
-            ops.geglu(act, gate, up, n, gate.shape[1])
-        else:
-            ops.swiglu(act, np.ascontiguousarray(gate), np.ascontiguousarray(up), n, gate.shape[1])
+            n_ff = gate.shape[1]
+        up_col = n_ff if up is gate else 0
+        act = np.empty((n, n_ff), np.float32)
+        glu = ops.geglu if self.activation == "gelu" else ops.swiglu
+        glu(act, gate, up, n, n_ff, 0, up_col)
         o = _linear(lw.w_down, act)
         if lw.post_ffn_norm is not None:
             o = self.norm(o, lw.post_ffn_norm)
