@@ -55,6 +55,10 @@ def _have_avx2() -> bool:
 
 AVAILABLE = TILE_ROWS == 64 and _have_avx2()
 
+# Bytes of a K-type tile prefetched ahead of the first token's reads (``_IR.prefetch``). Measured on cold
+# weights: Q6_K 16 -> 25-33 GB/s, Q4_K 23 -> 25-31 GB/s (4096 x 4096), +20-50% on Gemma 3's 640-row
+# matrices; best at 8-16 KB. Q4_0/Q4_1/Q8_0 stream as fast without (Q8_0 slower with): none there.
+_AHEAD = 12288
 _SPREAD_TOKENS = 16  # from this many tokens on, the activations are rearranged on all threads (in 16 parts)
 
 
@@ -104,6 +108,22 @@ class _IR:
         module = self.b.module
         fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type, b.type]), name)
         return self.b.call(fn, [a, b])
+
+    def prefetch(self, ptr, base, ahead, nbytes: int):  # type: ignore[no-untyped-def]
+        """Ask for the ``nbytes`` at ``&ptr[base + ahead]`` (a byte array) to be brought into cache; nothing
+        when ``ahead`` is 0. The hardware prefetchers alone fall behind the K types' lane kernels, whose
+        reads alternate between the tile and its scales (``_AHEAD``). A prefetch never faults, so reading
+        ahead past the array's end is harmless."""
+        b = self.b
+        module = b.module
+        fn = module.globals.get("llvm.prefetch") or ir.Function(
+            module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]), "llvm.prefetch"
+        )
+        with b.if_then(b.icmp_signed("!=", ahead, ir.Constant(ahead.type, 0))):
+            start = b.add(base, ahead)
+            for line in range(0, nbytes, 64):  # read, keep in all levels, data cache
+                args = [ir.Constant(_I32, v) for v in (0, 3, 1)]
+                b.call(fn, [self.at(ptr, start, line, _I8), *args])
 
     def pmaddubsw(self, a, b):  # type: ignore[no-untyped-def]
         """16 x int16: a (u8) times b (s8), adjacent products added."""
@@ -288,14 +308,16 @@ def _run_tile(out, u, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  
 
 
 @intrinsic
-def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff):  # type: ignore[no-untyped-def]
-    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above)."""
-    sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xp, types.intp)
+def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff, ahead):  # type: ignore[no-untyped-def]
+    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above);
+    the bytes ``ahead`` of its 1024 are prefetched."""
+    sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xp, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         f = _IR(context, builder, signature, args)
         auxoff, uoff, scloff, xoff = args[1::2]
         aux_p, u_p, s_p, x_p = (f.data(i) for i in (0, 2, 4, 6))
+        f.prefetch(u_p, uoff, args[8], 1024)
         xs = [f.broadcast(x_p, xoff, k, _V32I8) for k in range(8)]  # (chunk c, half) patterns
         for rg in range(8):
             acc = ir.Constant(_V8I32, None)
@@ -371,14 +393,18 @@ def _unpack_q4k(u, scl, qs, sc, nsb):  # pragma: no cover - numba
 
 
 @intrinsic
-def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff):  # type: ignore[no-untyped-def]
-    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above)."""
-    sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xw, types.intp, bx, types.intp)
+def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff, ahead):  # type: ignore[no-untyped-def]
+    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above);
+    the bytes ``ahead`` of its 1536 are prefetched."""
+    sig = types.void(
+        aux, types.intp, u, types.intp, scl, types.intp, xw, types.intp, bx, types.intp, types.intp
+    )
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         f = _IR(context, builder, signature, args)
         auxoff, uoff, scloff, xoff, bxoff = args[1::2]
         aux_p, u_p, s_p, x_p, b_p = (f.data(i) for i in (0, 2, 4, 6, 8))
+        f.prefetch(u_p, uoff, args[10], 1536)
         xs = [f.broadcast(x_p, xoff, jp, _V32I8) for jp in range(8)]
         bs = [f.broadcast(b_p, bxoff, jp, _V16I16) for jp in range(8)]
         for rg in range(8):
@@ -546,6 +572,7 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
         for t in range(n):
             xt = xw[t]
             bt = bx[t]
+            ahead = _AHEAD if t == 0 else 0  # later tokens find the tile in cache
             for k in range(64):
                 y[k] = float32(0.0)
             for i in range(8 * 64):
@@ -554,9 +581,9 @@ def _mm_k(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma: n
                 for lane in range(8):
                     o = (s * 8 + lane) * 8
                     if q6:
-                        _q6k_lane(aux, lane * 64, u, o * 192, scl, s * 1024, xt, o, bt, o)  # type: ignore[call-arg]
+                        _q6k_lane(aux, lane * 64, u, o * 192, scl, s * 1024, xt, o, bt, o, ahead)  # type: ignore[call-arg]
                     else:
-                        _q4k_lane(aux, lane * 64, u, o * 128, scl, s * 512, xt, o)  # type: ignore[call-arg]
+                        _q4k_lane(aux, lane * 64, u, o * 128, scl, s * 512, xt, o, ahead)  # type: ignore[call-arg]
                 # unsigned indices: signed index arithmetic keeps LLVM from vectorizing the float steps
                 if not q6:
                     _min_sums(isc, mn[g], xsum[t], uint64(s), uint64(64), 8)
