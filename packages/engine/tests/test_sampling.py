@@ -380,3 +380,26 @@ def test_warmup_runs():
     from llama_engine.sampling import warmup
 
     warmup()
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "ascending", "descending", "late_best", "with_nan"])
+@pytest.mark.parametrize("n", [1000, 4097, 262144])
+def test_top_positions_equals_a_stable_sort(kind: str, n: int) -> None:
+    """The k best positions, ties to the earlier one, whichever runs of logits the heap skips."""
+    rng = np.random.default_rng(n)
+    x = {
+        "random": lambda: rng.standard_normal(n) * 3,
+        "ties": lambda: rng.integers(0, 7, n).astype(np.float64),
+        "ascending": lambda: np.arange(n, dtype=np.float64),
+        "descending": lambda: -np.arange(n, dtype=np.float64),
+        "late_best": lambda: np.where(np.arange(n) > n - 50, 100.0, rng.standard_normal(n)),
+        # NaN (never better than the heap's root) after the heap is full
+        "with_nan": lambda: np.where(
+            (rng.random(n) < 0.01) & (np.arange(n) >= 100), np.nan, rng.standard_normal(n)
+        ),
+    }[kind]().astype(np.float32)
+    for k in (1, 40, 61):
+        got = sorting.top_positions(x, n, k)
+        finite = np.flatnonzero(~np.isnan(x))
+        want = finite[np.argsort(-x[finite], kind="stable")][:k]
+        assert got.tolist() == want.tolist()

@@ -46,6 +46,9 @@ def argsort_desc(logits, n):
     return idx.astype(np.int64)
 
 
+_RUN = 64  # logits per run checked against the heap's root at once
+
+
 @njit(cache=True, nogil=True)
 def top_positions(logits, n, k):
     """Positions of the k largest logits of [0, n), best first; ties keep the earlier position."""
@@ -56,40 +59,51 @@ def top_positions(logits, n, k):
     hv = np.empty(k, dtype=np.float32)
     hi = np.empty(k, dtype=np.int64)
     m = 0
-    for i in range(n):
-        v = logits[i]
-        if m < k:
-            j = m
-            m += 1
-            while j > 0:
-                parent = (j - 1) >> 1
-                if hv[parent] < v or (hv[parent] == v and hi[parent] < i):
-                    break
-                hv[j] = hv[parent]
-                hi[j] = hi[parent]
-                j = parent
-            hv[j] = v
-            hi[j] = i
-        elif v > hv[0]:
-            j = 0
-            while True:
-                c = 2 * j + 1
-                if c >= k:
-                    break
-                # pick the worse child
-                if c + 1 < k and (hv[c + 1] < hv[c] or (hv[c + 1] == hv[c] and hi[c + 1] > hi[c])):
-                    c += 1
-                if v < hv[c] or (v == hv[c] and i > hi[c]):
-                    break
-                hv[j] = hv[c]
-                hi[j] = hi[c]
-                j = c
-            hv[j] = v
-            hi[j] = i
+    for i in range(0, n, _RUN):
+        end = min(i + _RUN, n)
+        if m == k:
+            # a full heap rejects every v <= its root: a run with none better is skipped whole (counted,
+            # so the loop vectorizes; NaN, never > the root, is skipped as in the loop below)
+            root = hv[0]
+            better = 0
+            for j in range(i, end):
+                better += logits[j] > root
+            if better == 0:
+                continue
+        for pos in range(i, end):
+            v = logits[pos]
+            if m < k:
+                j = m
+                m += 1
+                while j > 0:
+                    parent = (j - 1) >> 1
+                    if hv[parent] < v or (hv[parent] == v and hi[parent] < pos):
+                        break
+                    hv[j] = hv[parent]
+                    hi[j] = hi[parent]
+                    j = parent
+                hv[j] = v
+                hi[j] = pos
+            elif v > hv[0]:
+                j = 0
+                while True:
+                    c = 2 * j + 1
+                    if c >= k:
+                        break
+                    # pick the worse child
+                    if c + 1 < k and (hv[c + 1] < hv[c] or (hv[c + 1] == hv[c] and hi[c + 1] > hi[c])):
+                        c += 1
+                    if v < hv[c] or (v == hv[c] and pos > hi[c]):
+                        break
+                    hv[j] = hv[c]
+                    hi[j] = hi[c]
+                    j = c
+                hv[j] = v
+                hi[j] = pos
     by_pos = np.argsort(hi[:m], kind="mergesort")
-    pos = hi[:m][by_pos]
+    kept = hi[:m][by_pos]
     vals = hv[:m][by_pos]
-    return pos[np.argsort(-vals, kind="mergesort")]
+    return kept[np.argsort(-vals, kind="mergesort")]
 
 
 @njit(cache=True, nogil=True)
