@@ -587,18 +587,25 @@ _P3 = np.float32(float.fromhex("0x1.fffdb6p-2"))
 _P4 = np.float32(float.fromhex("0x1.ffffecp-1"))
 
 
-@numba.njit(cache=True, nogil=True)
-def _expf_sse2(x: np.float32) -> np.float32:
-    """One lane of ggml_v_expf for SSE2 without FMA (vec.h): multiply and add round separately."""
-    r = _R
-    z = x * _LOG2E + r
-    nn = z - r
+@numba.njit(cache=True, nogil=True, inline="always")
+def _expf_parts(x: np.float32):  # type: ignore[no-untyped-def]
+    """ggml_v_expf's shared steps: nn = round(x / ln 2), the exponent bits e of 2^nn, the polynomial j and
+    kk = 2^nn."""
+    z = x * _LOG2E + _R
+    nn = z - _R
     b = x - nn * _LN2_HI
     b = b - nn * _LN2_LO
     e = np.uint32(_f32_bits(z) << np.uint32(23))  # type: ignore[call-arg,var-annotated]
     kk = _bits_f32(np.uint32(e + np.uint32(0x3F800000)))  # type: ignore[call-arg,var-annotated]
     u = b * b
     j = ((_P0 * b + _P1) * u + (_P2 * b + _P3)) * u + _P4 * b
+    return nn, e, j, kk
+
+
+@numba.njit(cache=True, nogil=True)
+def _expf_sse2(x: np.float32) -> np.float32:
+    """One lane of ggml_v_expf for SSE2 without FMA (vec.h): multiply and add round separately."""
+    nn, e, j, kk = _expf_parts(x)
     an = abs(nn)
     if not an > np.float32(126.0):
         return j * kk + kk
@@ -613,14 +620,7 @@ def _expf_sse2(x: np.float32) -> np.float32:
 @numba.njit(cache=True, nogil=True, inline="always")
 def _expf_main(x: np.float32) -> np.float32:
     """ggml_v_expf's main path (|n| <= 126): ``_expf_sse2`` without the range check."""
-    z = x * _LOG2E + _R
-    nn = z - _R
-    b = x - nn * _LN2_HI
-    b = b - nn * _LN2_LO
-    e = np.uint32(_f32_bits(z) << np.uint32(23))  # type: ignore[call-arg,var-annotated]
-    kk = _bits_f32(np.uint32(e + np.uint32(0x3F800000)))  # type: ignore[call-arg,var-annotated]
-    u = b * b
-    j = ((_P0 * b + _P1) * u + (_P2 * b + _P3)) * u + _P4 * b
+    _, _, j, kk = _expf_parts(x)
     return j * kk + kk
 
 
