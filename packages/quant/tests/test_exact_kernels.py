@@ -121,6 +121,36 @@ def test_close_to_float64_product(qtype: T) -> None:
     assert np.all(np.abs(y - exact) <= rel * scale + 1e-6)
 
 
+@pytest.mark.parametrize(
+    "parts",
+    [[T.Q5_0, T.Q5_0, T.Q8_0], [T.Q8_0, T.Q5_0], [T.Q4_K, T.Q4_K], [T.Q4_1]],
+    ids=lambda p: "+".join(t.name for t in p),
+)
+def test_stacked_rows_equal_each_matrix(parts: list[T]) -> None:
+    """Matrices stacked by rows (one launch) give each part's own numbers; Q5_0 stacks with Q8_0."""
+    cols = 512
+    shapes = [
+        (qtype, 64 * i + 40, weights(qtype, 64 * i + 40, cols, seed=i)) for i, qtype in enumerate(parts)
+    ]
+    m = ExactMatrix.stacked([(raw, qtype, rows) for qtype, rows, raw in shapes], cols)
+    assert m is not None and m.rows == sum(rows for _, rows, _ in shapes)
+    x = make_acts("mixed", 5, cols, seed=7)
+    full, one = m.matmul(x), m.matvec(x[2])
+    r0 = 0
+    for qtype, rows, raw in shapes:
+        part = ExactMatrix(raw, qtype, rows, cols).matmul(x)
+        assert _same(full[:, r0 : r0 + rows], part) and _same(one[r0 : r0 + rows], part[2])
+        r0 += rows
+
+
+def test_stacked_refuses_other_kernels_and_bad_sizes() -> None:
+    cols = 256
+    q4k, q8 = weights(T.Q4_K, 64, cols), weights(T.Q8_0, 64, cols)
+    assert ExactMatrix.stacked([(q4k, T.Q4_K, 64), (q8, T.Q8_0, 64)], cols) is None
+    with pytest.raises(ValueError, match="Q5_0"):
+        ExactMatrix.stacked([(q8, T.Q8_0, 64), (q8[:-1], T.Q5_0, 64)], cols)
+
+
 def test_errors() -> None:
     with pytest.raises(ValueError, match="bytes"):
         ExactMatrix(np.zeros(10, np.uint8), T.Q4_0, 4, 32)

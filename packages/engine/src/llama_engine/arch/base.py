@@ -172,19 +172,20 @@ class DecoderModel:
 
     def stacked(self, names: list[str]) -> ExactMatrix | None:
         """The matrices ``names`` stacked by rows into one (a single kernel launch for all of them, the same
-        numbers: each output is its own row's product), when all exist with one type and row length."""
+        numbers: each output is its own row's product), when all exist with one row length and types that
+        run one kernel (``ExactMatrix.stacked``)."""
         infos = [self._gguf.tensors.get(n) for n in names]
         if any(t is None or len(t.shape) != 2 for t in infos):
             return None
-        first = infos[0]
-        assert first is not None
-        if any(
-            t.ggml_type != first.ggml_type or t.shape[0] != first.shape[0] for t in infos if t is not None
-        ):
+        cols = {t.shape[0] for t in infos if t is not None}
+        if len(cols) != 1:
             return None
-        raw = np.concatenate([self._gguf.tensor_bytes(n).reshape(-1).view(np.uint8) for n in names])
-        rows = sum(t.shape[1] for t in infos if t is not None)
-        return ExactMatrix(raw, first.ggml_type, rows, first.shape[0])
+        parts = [
+            (self._gguf.tensor_bytes(n), t.ggml_type, t.shape[1])
+            for n, t in zip(names, infos, strict=True)
+            if t is not None
+        ]
+        return ExactMatrix.stacked(parts, cols.pop())
 
     def vec(self, name: str) -> np.ndarray:
         """A weight vector (norm weights, biases) as float32, copied out of the mmap."""

@@ -12,7 +12,7 @@ tile unpacked once for all tokens): other integer arithmetic, the same sums, the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -207,6 +207,7 @@ _SPECS: dict[T, _Spec] = {
 }
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
+_RUNS_AS = {T.Q5_0: T.Q8_0}  # types whose kernel is another type's, on rows converted at load
 
 
 class ExactMatrix:
@@ -242,6 +243,26 @@ class ExactMatrix:
         """The 2-D tensor ``name`` of an open GGUF file (ggml shape (cols, rows): ne0 is the row length)."""
         info = f.tensors[name]
         return cls(f.tensor_bytes(name), info.ggml_type, math.prod(info.shape[1:]), info.shape[0])
+
+    @classmethod
+    def stacked(cls, parts: Sequence[tuple[np.ndarray, T | int, int]], cols: int) -> ExactMatrix | None:
+        """One matrix holding the rows of ``parts`` (``(raw, qtype, rows)`` each, ``cols`` columns) in order:
+        one kernel launch instead of several, with the same numbers (each output is its own row's product).
+        Parts stack when they run the same kernel: one type, or Q5_0 with Q8_0 (Q5_0 runs as the Q8_0 it
+        widens to, ``blocks32.q5_0_as_q8_0``); otherwise None."""
+        kinds = {_RUNS_AS.get(T(q), T(q)) for _, q, _ in parts}
+        if len(kinds) != 1:
+            return None
+        qtype = kinds.pop()
+        flats = []
+        for raw, q, rows in parts:
+            flat = np.asarray(raw).reshape(-1).view(np.uint8)
+            if T(q) != qtype:  # Q5_0 among Q8_0 parts
+                if cols % 32 or flat.size != rows * cols // 32 * 22:
+                    raise ValueError(f"{flat.size} bytes do not hold a {rows}x{cols} Q5_0 matrix")
+                flat = blocks32.q5_0_as_q8_0(flat, rows, cols).reshape(-1)
+            flats.append(flat)
+        return cls(np.concatenate(flats), qtype, sum(rows for _, _, rows in parts), cols)
 
     @property
     def nbytes(self) -> int:
