@@ -1,9 +1,11 @@
 """QuantMatrix: one weight matrix in a ggml type, repacked once, multiplied by f32 activations.
 
-The engine builds one ``QuantMatrix`` per linear layer at load and calls ``matvec`` (one token) or ``matmul``
-(a batch) on it. Small batches run the integer kernels (activations quantized once per batch to Q8_0 or
-Q8_K, as llama.cpp does); large batches dequantize a slab of weight rows to f32 and hand it to numpy's BLAS,
-which is compute-bound and several times faster per token there.
+Build one ``QuantMatrix`` per weight and call ``matvec`` (one token) or ``matmul`` (a batch) on it. Small
+batches run the integer kernels (activations quantized once per batch to Q8_0 or Q8_K, as llama.cpp does);
+large batches dequantize a slab of weight rows to f32 and hand it to numpy's BLAS, which is compute-bound
+and several times faster per token there. These kernels use fastmath and are close to ggml's results, not
+equal to them; the engine uses ``llama_quant.kernels.exact.ExactMatrix``, whose products are bit for bit
+llama.cpp's.
 """
 
 from __future__ import annotations
