@@ -210,6 +210,17 @@ SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
 _RUNS_AS = {T.Q5_0: T.Q8_0}  # types whose kernel is another type's, on rows converted at load
 
 
+def _raw_bytes(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
+    """``raw`` as flat bytes, checked to hold a ``rows`` x ``cols`` matrix of ``qtype`` (a supported type)."""
+    spec = _SPECS[qtype]
+    if cols % spec.block:
+        raise ValueError(f"{qtype.name} needs cols divisible by {spec.block}, got {cols}")
+    flat = np.asarray(raw).reshape(-1).view(np.uint8)
+    if flat.size != rows * cols // spec.block * spec.block_bytes:
+        raise ValueError(f"{flat.size} bytes do not hold a {rows}x{cols} {qtype.name} matrix")
+    return flat
+
+
 class ExactMatrix:
     """A weight matrix ``W[rows, cols]`` in ggml type ``qtype`` whose products equal llama.cpp's bit for bit.
 
@@ -225,11 +236,7 @@ class ExactMatrix:
         if self.qtype not in _SPECS:
             raise ValueError(f"no exact kernel for {self.qtype.name}")
         spec = _SPECS[self.qtype]
-        if cols % spec.block:
-            raise ValueError(f"{self.qtype.name} needs cols divisible by {spec.block}, got {cols}")
-        flat = np.asarray(raw).reshape(-1).view(np.uint8)
-        if flat.size != rows * cols // spec.block * spec.block_bytes:
-            raise ValueError(f"{flat.size} bytes do not hold a {rows}x{cols} {self.qtype.name} matrix")
+        flat = _raw_bytes(raw, self.qtype, rows, cols)
         self.rows, self.cols = rows, cols
         self.vec_dot_type = vec_dot_type(self.qtype)
         self._spec = spec
@@ -256,10 +263,8 @@ class ExactMatrix:
         qtype = kinds.pop()
         flats = []
         for raw, q, rows in parts:
-            flat = np.asarray(raw).reshape(-1).view(np.uint8)
+            flat = _raw_bytes(raw, T(q), rows, cols)
             if T(q) != qtype:  # Q5_0 among Q8_0 parts
-                if cols % 32 or flat.size != rows * cols // 32 * 22:
-                    raise ValueError(f"{flat.size} bytes do not hold a {rows}x{cols} Q5_0 matrix")
                 flat = blocks32.q5_0_as_q8_0(flat, rows, cols).reshape(-1)
             flats.append(flat)
         return cls(np.concatenate(flats), qtype, sum(rows for _, _, rows in parts), cols)

@@ -104,10 +104,12 @@ class _IR:
             self.b.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(_I32, n), [0] * n)), ty
         )
 
-    def _call(self, name: str, ret, a, b):  # type: ignore[no-untyped-def]
+    def _call(self, name: str, ret, *args):  # type: ignore[no-untyped-def]
         module = self.b.module
-        fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type, b.type]), name)
-        return self.b.call(fn, [a, b])
+        fn = module.globals.get(name) or ir.Function(
+            module, ir.FunctionType(ret, [a.type for a in args]), name
+        )
+        return self.b.call(fn, list(args))
 
     def prefetch(self, ptr, base, ahead, nbytes: int):  # type: ignore[no-untyped-def]
         """Ask for the ``nbytes`` at ``&ptr[base + ahead]`` (a byte array) to be brought into cache; nothing
@@ -115,15 +117,11 @@ class _IR:
         reads alternate between the tile and its scales (``_AHEAD``). A prefetch never faults, so reading
         ahead past the array's end is harmless."""
         b = self.b
-        module = b.module
-        fn = module.globals.get("llvm.prefetch") or ir.Function(
-            module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]), "llvm.prefetch"
-        )
+        hints = [ir.Constant(_I32, v) for v in (0, 3, 1)]  # read, keep in all levels, data cache
         with b.if_then(b.icmp_signed("!=", ahead, ir.Constant(ahead.type, 0))):
             start = b.add(base, ahead)
-            for line in range(0, nbytes, 64):  # read, keep in all levels, data cache
-                args = [ir.Constant(_I32, v) for v in (0, 3, 1)]
-                b.call(fn, [self.at(ptr, start, line, _I8), *args])
+            for line in range(0, nbytes, 64):
+                self._call("llvm.prefetch", ir.VoidType(), self.at(ptr, start, line, _I8), *hints)
 
     def pmaddubsw(self, a, b):  # type: ignore[no-untyped-def]
         """16 x int16: a (u8) times b (s8), adjacent products added."""
