@@ -123,7 +123,7 @@ def test_close_to_float64_product(qtype: T) -> None:
 
 @pytest.mark.parametrize(
     "parts",
-    [[T.Q5_0, T.Q5_0, T.Q8_0], [T.Q8_0, T.Q5_0], [T.Q4_K, T.Q4_K], [T.Q4_1]],
+    [[T.Q5_0, T.Q5_0, T.Q8_0], [T.Q8_0, T.Q5_0], [T.Q5_0, T.Q5_0], [T.Q4_K, T.Q4_K], [T.Q4_1]],
     ids=lambda p: "+".join(t.name for t in p),
 )
 def test_stacked_rows_equal_each_matrix(parts: list[T]) -> None:
@@ -185,7 +185,29 @@ def test_many_token_path_equals_one_token_products(qtype: T) -> None:
             assert _same(m.matvec(x[t]), full[t])
 
 
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_q5_extreme_values_fit_the_int16_sums(qtype: T) -> None:
+    """Every value at 31 (all fifth bits set) or 0 against activations at +-127: the largest pair sums
+    the byte-pair kernel adds in int16, and every fifth-bit plane position."""
+    rows, cols = 70, 256
+    raw = weights(qtype, rows, cols, seed=1).reshape(rows, cols // 32, -1).copy()
+    head = 2 if qtype == T.Q5_0 else 4  # d (and m), then qh, then qs
+    raw[: rows // 2, :, head:] = 0xFF
+    raw[rows // 2 :, :, head:] = 0
+    raw[rows // 2 :, 1::2, head : head + 4] = np.array([0x55, 0xAA, 0x0F, 0xF0], np.uint8)
+    raw = raw.reshape(-1)
+    m = ExactMatrix(raw, qtype, rows, cols)
+    x = np.full((3, cols), 1000.0, np.float32)
+    x[1] = -1000.0
+    x[2, ::2] = -1000.0
+    want = np.empty((3, rows), np.float32)
+    ref.matmul(want, raw, qtype, rows, cols, x)
+    assert _same(m.matmul(x), want)
+    assert _same(m.matvec(x[2]), want[2])
+
+
 def test_pairs_kernels_in_use_on_avx2_cpus() -> None:
     import llvmlite.binding as llvm
 
-    assert bool(llvm.get_host_cpu_features().get("avx2")) == pairs.AVAILABLE
+    host = llvm.get_host_cpu_features()
+    assert bool(host.get("avx2") and host.get("f16c")) == pairs.AVAILABLE

@@ -4,9 +4,9 @@ reference quantizer, then one ``vec_dot`` per output element).
 
 A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
 vec_dot per element), so results do not depend on how tokens are batched. On CPUs with AVX2, products of
-Q4_0, Q4_1, Q8_0, Q5_0 (as Q8_0), Q4_K and Q6_K go through ``pairs`` for every token count (byte-pair
-multiply-adds on tiles stored at load in the order those kernels read), and Q5_1 from 4 tokens on (on a
-tile unpacked once for all tokens): other integer arithmetic, the same sums, the same float steps.
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K go through ``pairs`` for every token count (byte-pair
+multiply-adds on tiles stored at load in the order those kernels read): other integer arithmetic, the same
+sums, the same float steps.
 """
 
 from __future__ import annotations
@@ -119,8 +119,6 @@ class _Spec:
     fmt: str  # Activations format
     pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]]
     run: Callable[..., None]  # (arrays, out, acts tuple, n, rows, nb)
-    many: Callable[..., None] | None = None  # the same for many tokens (exact.pairs), where available
-    many_min: int = 1  # from this many tokens on (where the unpacking pays for itself, measured)
 
 
 def _q4(name: str) -> _Spec:
@@ -130,7 +128,7 @@ def _q4(name: str) -> _Spec:
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         arrays = blocks32.pack(name, raw, r, c)
         if pairs.AVAILABLE:
-            return (pairs.q4_pair_layout(arrays[0], c // 32), *arrays[1:])
+            return (pairs.q4_pair_layout(arrays[0], c // 32), *map(pairs.f16_scales, arrays[1:]))
         return arrays
 
     kernel = pairs.mm_q4 if pairs.AVAILABLE else blocks32.mv_q4
@@ -141,23 +139,46 @@ def _q4(name: str) -> _Spec:
     return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
 
 
-def _q5_1() -> _Spec:
-    """Q5_1: the byte-pair kernel (a tile unpacked once for all tokens) from 4 tokens on, with AVX2."""
-    pack = lambda raw, r, c: blocks32.pack("Q5_1", raw, r, c)  # noqa: E731
-    run = lambda a, o, x, n, r, nb: blocks32.mv_q5(o, *a, *x, n, r, nb, True)  # type: ignore[call-arg]  # noqa: E731
-    many = lambda a, o, x, n, r, nb: pairs.mm_q5(o, *a, *x, n, r, nb, True)  # type: ignore[call-arg]  # noqa: E731
-    return _Spec(32, blocks32.BLOCK_BYTES["Q5_1"], "q8", pack, run, many if pairs.AVAILABLE else None, 4)
+def _q5(name: str) -> _Spec:
+    """Q5_0 and Q5_1. With AVX2 the low nibbles are stored as Q4's and the fifth bits as bit planes
+    (``pairs.q5_pair_layout``), and one kernel serves every token count. Without it Q5_0 runs as the Q8_0
+    it widens to (``_q8``) and Q5_1 on its raw blocks (``blocks32.mv_q5``)."""
+    has_min = name == "Q5_1"
+    if not pairs.AVAILABLE:
+        if not has_min:
+            return _q8(name)
+        return _Spec(
+            32,
+            blocks32.BLOCK_BYTES[name],
+            "q8",
+            lambda raw, r, c: blocks32.pack(name, raw, r, c),
+            lambda a, o, x, n, r, nb: blocks32.mv_q5(o, *a, *x, n, r, nb, True),  # type: ignore[call-arg]
+        )
+
+    def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
+        qs, qh, d, *m = blocks32.pack(name, raw, r, c)
+        scales = pairs.f16_scales(d), pairs.f16_scales(m[0]) if m else np.zeros(0, np.uint16)
+        return (*pairs.q5_pair_layout(qs, qh, c // 32), *scales)
+
+    def run(
+        a: tuple[np.ndarray, ...], o: np.ndarray, x: tuple[np.ndarray, ...], n: int, r: int, nb: int
+    ) -> None:
+        m = a[3] if has_min else a[2]  # Q5_0: d in the min's place, never read
+        pairs.mm_q5(o, a[0], a[1], a[2], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
 
 
 def _q8(name: str) -> _Spec:
-    """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22). With AVX2 the
-    tiles are stored in byte pairs (``pairs.q8_pair_layout``) and one kernel serves every token count."""
+    """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22: without AVX2,
+    and where Q5_0 rows stack with Q8_0 ones). With AVX2 the tiles are stored in byte pairs
+    (``pairs.q8_pair_layout``) and one kernel serves every token count."""
 
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         if name == "Q5_0":
             raw = blocks32.q5_0_as_q8_0(raw, r, c)
         qs, d = blocks32.pack("Q8_0", raw, r, c)
-        return (pairs.q8_pair_layout(qs, c // 32), d) if pairs.AVAILABLE else (qs, d)
+        return (pairs.q8_pair_layout(qs, c // 32), pairs.f16_scales(d)) if pairs.AVAILABLE else (qs, d)
 
     if pairs.AVAILABLE:
         run = lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
@@ -193,8 +214,8 @@ def _f(qtype: T, bb: int, fmt: str) -> _Spec:
 _SPECS: dict[T, _Spec] = {
     T.Q4_0: _q4("Q4_0"),
     T.Q4_1: _q4("Q4_1"),
-    T.Q5_0: _q8("Q5_0"),
-    T.Q5_1: _q5_1(),
+    T.Q5_0: _q5("Q5_0"),
+    T.Q5_1: _q5("Q5_1"),
     T.Q8_0: _q8("Q8_0"),
     T.Q2_K: _k(T.Q2_K, 84),
     T.Q3_K: _k(T.Q3_K, 110),
@@ -207,7 +228,7 @@ _SPECS: dict[T, _Spec] = {
 }
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
-_RUNS_AS = {T.Q5_0: T.Q8_0}  # types whose kernel is another type's, on rows converted at load
+_WIDENS_TO = {T.Q5_0: T.Q8_0}  # types whose rows convert exactly to another type's (to stack with them)
 
 
 def _raw_bytes(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
@@ -226,10 +247,8 @@ class ExactMatrix:
 
     ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy view
     of the GGUF mmap is fine). It is repacked at construction into tiles of 64 rows and not referenced
-    afterwards (Q4_K, Q4_*/Q5_1/Q8_0 keep about the raw size; Q5_0 is widened to Q8_0 and Q2_K/Q3_K/Q5_K/Q6_K
-    widen quants to int8,
-    F16/BF16 to f32).
-    """
+    afterwards (Q4_*, Q5_*, Q8_0 and Q4_K keep about the raw size; Q5_0 stacked with Q8_0, or without AVX2,
+    is widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, F16/BF16 to f32)."""
 
     def __init__(self, raw: np.ndarray, qtype: T | int, rows: int, cols: int) -> None:
         self.qtype = T(qtype)
@@ -255,9 +274,11 @@ class ExactMatrix:
     def stacked(cls, parts: Sequence[tuple[np.ndarray, T | int, int]], cols: int) -> ExactMatrix | None:
         """One matrix holding the rows of ``parts`` (``(raw, qtype, rows)`` each, ``cols`` columns) in order:
         one kernel launch instead of several, with the same numbers (each output is its own row's product).
-        Parts stack when they run the same kernel: one type, or Q5_0 with Q8_0 (Q5_0 runs as the Q8_0 it
-        widens to, ``blocks32.q5_0_as_q8_0``); otherwise None."""
-        kinds = {_RUNS_AS.get(T(q), T(q)) for _, q, _ in parts}
+        Parts stack when they have one type, or are Q5_0 and Q8_0 (the Q5_0 rows widened to Q8_0,
+        ``blocks32.q5_0_as_q8_0``); otherwise None."""
+        kinds = {T(q) for _, q, _ in parts}
+        if len(kinds) > 1:
+            kinds = {_WIDENS_TO.get(q, q) for q in kinds}
         if len(kinds) != 1:
             return None
         qtype = kinds.pop()
@@ -298,7 +319,7 @@ class ExactMatrix:
             self._check_acts(acts)
         else:
             acts = self._acts1.set(np.asarray(x, np.float32).reshape(self.cols))
-        self._run(1)(
+        self._spec.run(
             self._arrays, out.reshape(1, self.rows), acts.converted(self._spec.fmt), 1, self.rows, self._nb
         )
         return out
@@ -316,13 +337,8 @@ class ExactMatrix:
             out = np.empty((n, self.rows), np.float32)
         elif out.shape != (n, self.rows) or out.dtype != np.float32:
             raise ValueError(f"out must be float32 [{n}, {self.rows}], got {out.dtype} {out.shape}")
-        self._run(n)(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
+        self._spec.run(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
         return out
-
-    def _run(self, n: int) -> Callable[..., None]:
-        """The kernel for ``n`` tokens: the byte-pair one from its measured break-even on, where available."""
-        spec = self._spec
-        return spec.many if spec.many is not None and n >= spec.many_min else spec.run
 
     def _check_acts(self, acts: Activations) -> None:
         # the kernels do not bounds-check: a narrower input would be read past its end

@@ -9,14 +9,14 @@ times int8 activations (|x| <= 127, ggml's Q8 quantizers) give pair sums of at m
 4 (Q5) or 8 (Q4) pairs add up in int16 without overflow before they are widened to int32. Q4_0 / Q5_0
 subtract the offset afterwards (``sumi = sum q * x - 8 * sum x``, or 16).
 
-Q4_0, Q4_1, Q8_0 (and Q5_0 widened to it), Q4_K and Q6_K are stored at load in the order their kernels read
-(``q4_pair_layout``, ``q8_pair_layout``, ``k_pair_layout``: 4-bit values two to a byte, as in the file), so
-one kernel serves a single token as well as a prompt. Q5_1 is unpacked per tile of 64 rows, once for all
-tokens of a call, from 4 tokens on (``matrix``). Q8_0's signed weights take ``pmaddwd`` on int8 pairs
-sign-extended from memory; the K types' layouts are described at their kernels.
+Every type is stored at load in the order its kernel reads (``q4_pair_layout``, ``q5_pair_layout``,
+``q8_pair_layout``, ``k_pair_layout``: 4-bit values two to a byte, as in the file, Q5's fifth bits in bit
+planes), so one kernel serves a single token as well as a prompt, and a token reads about the file's bytes.
+The 32-value types keep their scales in fp16 (``_widen_f16``). Q8_0's signed weights take ``pmaddwd`` on int8
+pairs sign-extended from memory; the K types' layouts are described at their kernels.
 
-The instructions are AVX2's; ``AVAILABLE`` says whether this CPU (and numba's target) has it. Without it the
-callers use ``blocks32``'s and ``kquants``' kernels for every token count.
+The instructions are AVX2's (with F16C); ``AVAILABLE`` says whether this CPU (and numba's target) has them.
+Without them the callers use ``blocks32``'s and ``kquants``' kernels for every token count.
 """
 
 from __future__ import annotations
@@ -41,16 +41,20 @@ __all__ = [
     "mm_q6k",
     "mm_q8",
     "q4_pair_layout",
+    "q5_pair_layout",
     "q8_pair_layout",
 ]
 
 
 def _have_avx2() -> bool:
+    """AVX2 and F16C (every AVX2 CPU has both; the kernels need both)."""
     features = getattr(numba.config, "CPU_FEATURES", None)
     if features:  # an explicit numba target
-        return "+avx2" in str(features).split(",")
+        listed = str(features).split(",")
+        return "+avx2" in listed and "+f16c" in listed
     cpu = getattr(numba.config, "CPU_NAME", None)
-    return bool(cpu in (None, "host") and llvm.get_host_cpu_features().get("avx2"))
+    host = llvm.get_host_cpu_features()
+    return bool(cpu in (None, "host") and host.get("avx2") and host.get("f16c"))
 
 
 AVAILABLE = TILE_ROWS == 64 and _have_avx2()
@@ -60,17 +64,21 @@ AVAILABLE = TILE_ROWS == 64 and _have_avx2()
 # matrices; best at 8-16 KB. Q4_0/Q4_1/Q8_0 stream as fast without (Q8_0 slower with): none there.
 _AHEAD = 12288
 _SPREAD_TOKENS = 16  # from this many tokens on, the activations are rearranged on all threads (in 16 parts)
+_Q5_WIDEN_TOKENS = int(
+    __import__("os").environ.get("Q5W", 3)
+)  # from this many tokens on, Q5 tiles are unpacked to int8 once per call (``mm_q5``)
 
 
 # --- LLVM IR shared by the intrinsics below -------------------------------------------------------------
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-_V16I8, _V32I8, _V16I16, _V8I32, _V16I32 = (
+_V16I8, _V32I8, _V16I16, _V8I32, _V16I32, _V32I32 = (
     ir.VectorType(_I8, 16),
     ir.VectorType(_I8, 32),
     ir.VectorType(_I16, 16),
     ir.VectorType(_I32, 8),
     ir.VectorType(_I32, 16),
+    ir.VectorType(_I32, 32),
 )
 
 
@@ -132,6 +140,31 @@ class _IR:
         return self._call("llvm.x86.avx2.pmadd.wd", _V8I32, a, b)
 
 
+_V8H, _V8F = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.FloatType(), 8)
+
+
+@intrinsic
+def _widen_f16(typingctx, dst, src, off):  # type: ignore[no-untyped-def]
+    """dst[0:64] (f32) = the fp16 values src[off : off + 64] (uint16 bits), exactly (``vcvtph2ps``). The
+    tiles keep their scales in fp16 as the file does: a quarter of Q4_1's bytes, not a third."""
+    sig = types.void(dst, src, types.intp)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        f = _IR(context, builder, signature, args)
+        dst_p, src_p = f.data(0), f.data(1)
+        for i in range(8):
+            half = f.load(src_p, args[2], i * 8, _V8H, 2)
+            builder.store(builder.fpext(half, _V8F), f.at(dst_p, ir.Constant(_I32, 0), i * 8, _V8F), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def f16_scales(d: np.ndarray) -> np.ndarray:
+    """f32 scales that came from fp16 (``blocks32.pack``'s d, m) -> their fp16 bits, as ``_widen_f16`` reads."""
+    return d.astype(np.float16).view(np.uint16)
+
+
 def _nibbles(f: _IR, packed):  # type: ignore[no-untyped-def]
     """The two byte vectors held in one vector's low and high nibbles."""
     b = f.b
@@ -140,45 +173,86 @@ def _nibbles(f: _IR, packed):  # type: ignore[no-untyped-def]
     return b.and_(packed, m15), b.and_(high, m15)
 
 
-def _pair_group(n_pairs: int, packed: bool):  # type: ignore[no-untyped-def]
-    """An intrinsic ``(acc, u, uoff, xp, xoff)``: ``acc[0:64]`` (int32) += for each of ``n_pairs`` pairs p,
-    ``pmaddubsw(pairs of 64 rows, broadcast(xp[xoff + p]))`` summed in int16, then widened. The pairs of p
-    are ``u[uoff + 128 p : + 128]`` (unpacked), or, ``packed``, the nibbles of ``u[uoff + 64 p : + 64]``
-    (``q4_pair_layout``)."""
-
-    @intrinsic
-    def group(typingctx, acc, u, uoff, xp, xoff):  # type: ignore[no-untyped-def]
-        sig = types.void(acc, u, types.intp, xp, types.intp)
-
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            f = _IR(context, builder, signature, args)
-            uoff, xoff = args[2], args[4]
-            acc_p, u_p, x_p = f.data(0), f.data(1), f.data(3)
-            sums = [ir.Constant(_V16I16, None)] * 4  # 4 x 16 rows
-            for p in range(n_pairs):
-                x = f.broadcast(x_p, xoff, p, _V32I8)
-                if packed:
-                    ws = []
-                    for h in range(2):
-                        ws.extend(_nibbles(f, f.load(u_p, uoff, p * 64 + h * 32, _V32I8, 1)))
-                else:
-                    ws = [f.load(u_p, uoff, p * 128 + c * 32, _V32I8, 1) for c in range(4)]
-                for c in range(4):
-                    sums[c] = builder.add(sums[c], f.pmaddubsw(ws[c], x))
-            for c in range(4):
-                at = f.at(acc_p, ir.Constant(_I32, 0), c * 16, _V16I32)
-                builder.store(
-                    builder.add(builder.load(at, align=4), builder.sext(sums[c], _V16I32)), at, align=4
-                )
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return group
+@intrinsic
+def _pairs8(typingctx, acc, u, uoff, xp, xoff):  # type: ignore[no-untyped-def]
+    """Q4: ``acc[0:64]`` (int32) += for the 8 pairs p of half a block, ``pmaddubsw(pairs of 64 rows,
+    broadcast(xp[xoff + p]))`` summed in int16, then widened; the pairs of p are the nibbles of
+    ``u[uoff + 64 p : + 64]`` (``q4_pair_layout``)."""
+    return _pair_group(acc, u, uoff, xp, xoff, None)
 
 
-_pairs4 = _pair_group(4, False)  # Q5: unpacked tiles
-_pairs8 = _pair_group(8, True)  # Q4: q4_pair_layout
+@intrinsic
+def _pairs5(typingctx, acc, u, uoff, xp, xoff, hb, hoff):  # type: ignore[no-untyped-def]
+    """Q5: the same for 4 pairs (their sums stay within int16), each value's fifth bit taken from the bit
+    planes ``hb[hoff : hoff + 64]`` (``q5_pair_layout``)."""
+    return _pair_group(acc, u, uoff, xp, xoff, hb)
+
+
+def _pair_group(acc, u, uoff, xp, xoff, hb):  # type: ignore[no-untyped-def]
+    planes = hb is not None
+    sig = types.void(acc, u, types.intp, xp, types.intp, *((hb, types.intp) if planes else ()))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        f = _IR(context, builder, signature, args)
+        uoff, xoff = args[2], args[4]
+        acc_p, u_p, x_p = f.data(0), f.data(1), f.data(3)
+        bits = [f.load(f.data(5), args[6], 32 * i, _V32I8, 1) for i in range(2)] if planes else None
+        sums = [ir.Constant(_V16I16, None)] * 4  # 4 x 16 rows
+        for p in range(4 if planes else 8):
+            x = f.broadcast(x_p, xoff, p, _V32I8)
+            for c, w in enumerate(_pair_vectors(f, u_p, uoff, bits, p)):
+                sums[c] = builder.add(sums[c], f.pmaddubsw(w, x))
+        for c in range(4):
+            at = f.at(acc_p, ir.Constant(_I32, 0), c * 16, _V16I32)
+            builder.store(builder.add(builder.load(at, align=4), builder.sext(sums[c], _V16I32)), at, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _pair_vectors(f: _IR, u_p, uoff, bits, p: int):  # type: ignore[no-untyped-def]
+    """The four byte vectors (16 rows x (value j, value j + 16)) of pair p: the nibbles of
+    ``u[uoff + 64 p : + 64]``, with Q5's fifth bits from ``bits`` (the group's two planes) where given."""
+    ws = []
+    for h in range(2):
+        ws.extend(_nibbles(f, f.load(u_p, uoff, p * 64 + h * 32, _V32I8, 1)))
+    if bits is not None:  # vector 4p + c's fifth bits: bit (4p + c) % 8 of plane (4p + c) // 8, to bit 4
+        ws = [f.b.or_(w, _bit_to_4(f, bits[p // 2], (4 * p + c) % 8)) for c, w in enumerate(ws)]
+    return ws
+
+
+@intrinsic
+def _q5_as_q8(typingctx, dst, dstoff, u, uoff, hb, hoff, bias):  # type: ignore[no-untyped-def]
+    """dst[dstoff : dstoff + 512] (int8) = the 4 pairs of a ``_pairs5`` group unpacked, minus ``bias`` (16
+    for Q5_0): ``q8_pair_layout``'s bytes, for ``_pairs_wd``."""
+    sig = types.void(dst, types.intp, u, types.intp, hb, types.intp, types.int8)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        f = _IR(context, builder, signature, args)
+        dst_p, u_p, hb_p = f.data(0), f.data(2), f.data(4)
+        bits = [f.load(hb_p, args[5], 32 * i, _V32I8, 1) for i in range(2)]
+        undef = ir.Constant(_V32I8, ir.Undefined)
+        bias = builder.shuffle_vector(
+            builder.insert_element(undef, args[6], ir.Constant(_I32, 0)),
+            undef,
+            ir.Constant(_V32I32, [0] * 32),
+        )
+        for p in range(4):
+            for c, w in enumerate(_pair_vectors(f, u_p, args[3], bits, p)):
+                builder.store(builder.sub(w, bias), f.at(dst_p, args[1], (4 * p + c) * 32, _V32I8), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _bit_to_4(f: _IR, plane, k: int):  # type: ignore[no-untyped-def]
+    """Bit k of each byte of ``plane``, moved to bit 4 (the 16-bit shift's spill across bytes is masked)."""
+    b = f.b
+    wide = b.bitcast(plane, _V16I16)
+    if k != 4:
+        by = ir.Constant(_V16I16, [abs(4 - k)] * 16)
+        wide = b.shl(wide, by) if k < 4 else b.lshr(wide, by)
+    return b.and_(b.bitcast(wide, _V32I8), ir.Constant(_V32I8, [16] * 32))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -201,24 +275,18 @@ def q4_pair_layout(qs: np.ndarray, nb: int) -> np.ndarray:
     return np.ascontiguousarray(u[:, :, :, 0] | (u[:, :, :, 1] << 4)).reshape(g, -1)
 
 
-@numba.njit(cache=True, nogil=True)
-def _unpack_q5(u, qs, qh, nb):  # pragma: no cover - numba
-    lo_bits = np.empty(64, np.uint8)  # the fifth bits of values j (and j + 16), consumed one per j
-    hi_bits = np.empty(64, np.uint8)
-    for b in range(nb):
-        for h in range(2):
-            lo_bits[:] = qh[(b * 4 + h) * 64 : (b * 4 + h + 1) * 64]
-            hi_bits[:] = qh[(b * 4 + 2 + h) * 64 : (b * 4 + 3 + h) * 64]
-            for s in range(8):
-                o = (b * 16 + h * 8 + s) * 64
-                q = qs[o : o + 64]
-                out = u[2 * o : 2 * o + 128]
-                for r in range(uint64(64)):
-                    v = q[r]
-                    out[2 * r] = (v & 15) | ((lo_bits[r] & 1) << 4)
-                    out[2 * r + 1] = (v >> 4) | ((hi_bits[r] & 1) << 4)
-                    lo_bits[r] = lo_bits[r] >> 1
-                    hi_bits[r] = hi_bits[r] >> 1
+def q5_pair_layout(qs: np.ndarray, qh: np.ndarray, nb: int) -> tuple[np.ndarray, np.ndarray]:
+    """``blocks32``'s Q5 tiles (qs [G, nb * 16 * 64], qh [G, nb * 4 * 64]) -> the low nibbles in
+    ``q4_pair_layout`` and the fifth bits as bit planes [G, nb * 256]: the 64 unpacked vectors of a block
+    (pair p, vector c: 4p + c) go 8 to a 32-byte plane, vector v's bits at bit v % 8 of plane v // 8."""
+    g = qs.shape[0]
+    words = qh.reshape(g, nb, 4, 64).astype(np.uint32)
+    word = words[:, :, 0] | words[:, :, 1] << 8 | words[:, :, 2] << 16 | words[:, :, 3] << 24  # [G, nb, r]
+    j = np.arange(16, dtype=np.uint32)[None, None, :, None]
+    lo, hi = (word[:, :, None, :] >> j) & 1, (word[:, :, None, :] >> (j + 16)) & 1  # [G, nb, pair, r]
+    bits = np.stack((lo, hi), axis=-1).astype(np.uint8).reshape(g, nb, 8, 8, 32)  # [G, nb, plane, k, 32]
+    planes = (bits << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=3, dtype=np.uint8)
+    return q4_pair_layout(qs, nb), np.ascontiguousarray(planes).reshape(g, -1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -247,12 +315,31 @@ def mm_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no 
     else:
         _activation_pairs(xp, xq, 0, n, nb)
     for g in prange(qs.shape[0]):
-        _run_tile(out, qs[g], d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 8, has_min)
+        _run_tile(out, qs[g], qs[g], d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 8, has_min)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def mm_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
-    """out[n, rows] for Q5_0 (has_min False) or Q5_1; arguments as ``blocks32.mv_q5``."""
+def mm_q5(out, qs, hb, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
+    """out[n, rows] for Q5_0 (has_min False, Q8_0 activations) or Q5_1 (Q8_1); qs and hb in
+    ``q5_pair_layout``, the rest as ``mm_q4``. From ``_Q5_WIDEN_TOKENS`` tokens on, each block is unpacked
+    to int8 once for all tokens (``_q5_as_q8``) and runs ``mm_q8``'s loop, instead of re-assembling the
+    fifth bits for every token (measured: 5-bit reads make one token 1.3-1.5x faster than Q5_0 widened to
+    Q8_0; unpacking once keeps 3 to 512 tokens at the widened speed)."""
+    if n >= _Q5_WIDEN_TOKENS:
+        xw = _q8_words(xq, n, nb)
+        for g in prange(qs.shape[0]):
+            u = np.empty(2048, np.int8)
+            ys = np.zeros((n, 64), np.float32)
+            acc = np.empty(64, np.int32)
+            dw = np.empty(64, np.float32)
+            mw = np.zeros(64, np.float32)
+            bias = 0 if has_min else 16
+            for b in range(nb):
+                for q in range(4):
+                    _q5_as_q8(u, q * 512, qs[g], b * 1024 + q * 256, hb[g], b * 256 + q * 64, bias)  # type: ignore[call-arg]
+                _block_tokens(ys, acc, dw, mw, u, 0, d[g], m[g], xw, xd, xs, n, b, has_min)
+            _store_tile(out, ys, n, rows, g)
+        return
     xp = np.empty((n, nb * 16), np.uint16)
     if n >= _SPREAD_TOKENS:  # a prompt: the tokens' words on all threads
         for c in prange(_SPREAD_TOKENS):
@@ -260,16 +347,17 @@ def mm_q5(out, qs, qh, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma:
     else:
         _activation_pairs(xp, xq, 0, n, nb)
     for g in prange(qs.shape[0]):
-        u = np.empty(nb * 16 * 128, np.uint8)
-        _unpack_q5(u, qs[g], qh[g], nb)
-        _run_tile(out, u, d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 4, has_min)
+        _run_tile(out, qs[g], hb[g], d[g], m[g], xp, xd, xs, xsum, n, rows, nb, g, 4, has_min)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _run_tile(out, u, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  # pragma: no cover - numba
-    """Every token against one tile: group = pairs summed in int16 (8 for Q4, 4 for Q5)."""
+def _run_tile(out, u, hb, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  # pragma: no cover - numba
+    """Every token against one tile: group = pairs summed in int16 (8 for Q4, 4 for Q5, whose fifth bits
+    are ``hb``)."""
     acc = np.empty(64, np.int32)
     y = np.empty(64, np.float32)
+    dw = np.empty(64, np.float32)
+    mw = np.zeros(64, np.float32)
     scale = 8 if group == 8 else 16  # the value offset of the types without a min
     kind = 0 if has_min else (1 if group == 8 else 2)
     for t in range(n):
@@ -280,13 +368,16 @@ def _run_tile(out, u, d, m, xp, xd, xs, xsum, n, rows, nb, g, group, has_min):  
             for k in range(64):
                 acc[k] = 0
             if group == 8:
-                _pairs8(acc, u, b * 1024, xt, b * 16)
-                _pairs8(acc, u, b * 1024 + 512, xt, b * 16 + 8)
+                _pairs8(acc, u, b * 1024, xt, b * 16)  # type: ignore[call-arg]
+                _pairs8(acc, u, b * 1024 + 512, xt, b * 16 + 8)  # type: ignore[call-arg]
             else:
                 for q in range(4):
-                    _pairs4(acc, u, b * 2048 + q * 512, xt, b * 16 + q * 4)
+                    _pairs5(acc, u, b * 1024 + q * 256, xt, b * 16 + q * 4, hb, b * 256 + q * 64)  # type: ignore[call-arg]
             offset = 0 if has_min else int32(scale * int32(xsum[t, 2 * b] + xsum[t, 2 * b + 1]))
-            _finish_block(y, acc, d, m, b * 64, xd[t, b], xs[t, b], offset, kind)
+            _widen_f16(dw, d, b * 64)  # type: ignore[call-arg]
+            if has_min:
+                _widen_f16(mw, m, b * 64)  # type: ignore[call-arg]
+            _finish_block(y, acc, dw, mw, 0, xd[t, b], xs[t, b], offset, kind)
         r0 = g * 64
         for k in range(min(64, rows - r0)):
             out[t, r0 + k] = y[k]
@@ -642,27 +733,52 @@ def _activation_words_q8(xw, xq, t0, t1, nb):  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def mm_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
-    """out[n, rows] for Q8_0 against Q8_0 activations; qs in ``q8_pair_layout``, the rest as
-    ``blocks32.mv_q8``."""
+def _q8_words(xq, n, nb):  # pragma: no cover - numba
+    """``_activation_words_q8`` of n tokens, on all threads for a prompt."""
     xw = np.empty((n, nb * 16), np.uint32)
     if n >= _SPREAD_TOKENS:  # a prompt: the tokens' words on all threads
         for c in prange(_SPREAD_TOKENS):
             _activation_words_q8(xw, xq, c * n // _SPREAD_TOKENS, (c + 1) * n // _SPREAD_TOKENS, nb)
     else:
         _activation_words_q8(xw, xq, 0, n, nb)
+    return xw
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def mm_q8(out, qs, d, xq, xd, n, rows, nb):  # pragma: no cover - numba
+    """out[n, rows] for Q8_0 against Q8_0 activations; qs in ``q8_pair_layout``, the rest as
+    ``blocks32.mv_q8``. Each block of a tile goes through every token while it is in L1."""
+    xw = _q8_words(xq, n, nb)
     for g in prange(qs.shape[0]):
-        u = qs[g]
-        dg = d[g]
+        ys = np.zeros((n, 64), np.float32)
         acc = np.empty(64, np.int32)
-        y = np.empty(64, np.float32)
-        for t in range(n):
-            xt = xw[t]
-            for k in range(64):
-                y[k] = float32(0.0)
-            for b in range(nb):
-                _pairs_wd(acc, u, b * 2048, xt, b * 16)  # type: ignore[call-arg]
-                _finish_block(y, acc, dg, dg, b * 64, xd[t, b], float32(0.0), 0, 2)  # sumi * (d_w * d_x)
-            r0 = g * 64
-            for k in range(min(64, rows - r0)):
-                out[t, r0 + k] = y[k]
+        dw = np.empty(64, np.float32)
+        mw = np.zeros(64, np.float32)
+        for b in range(nb):
+            _block_tokens(ys, acc, dw, mw, qs[g], b * 2048, d[g], d[g], xw, xd, xd, n, b, False)
+        _store_tile(out, ys, n, rows, g)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _block_tokens(ys, acc, dw, mw, u, uoff, d, m, xw, xd, xs, n, b, has_min):  # pragma: no cover - numba
+    """ys[t, 0:64] += block b of a tile of int8 pairs (``u[uoff:]``, ``q8_pair_layout``) for every token t:
+    Q8_0 or Q5_0 unpacked (``(d_w * d_x) * sumi``: the same product as Q8_0's ``sumi * (d_w * d_x)``), or
+    Q5_1 unpacked (has_min, ``(d_w * d_x) * sumi + m_w * s_x``). Each row's blocks are still added in
+    order, as ggml does. acc, dw, mw: scratch of 64, allocated once per tile by the caller."""
+    _widen_f16(dw, d, b * 64)  # type: ignore[call-arg]
+    if has_min:
+        _widen_f16(mw, m, b * 64)  # type: ignore[call-arg]
+    for t in range(n):
+        _pairs_wd(acc, u, uoff, xw[t], b * 16)  # type: ignore[call-arg]
+        if has_min:
+            _finish_block(ys[t], acc, dw, mw, 0, xd[t, b], xs[t, b], 0, 0)
+        else:
+            _finish_block(ys[t], acc, dw, dw, 0, xd[t, b], float32(0.0), 0, 2)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _store_tile(out, ys, n, rows, g):  # pragma: no cover - numba
+    r0 = g * 64
+    for t in range(n):
+        for k in range(min(64, rows - r0)):
+            out[t, r0 + k] = ys[t, k]
