@@ -30,7 +30,7 @@ def _ranges(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, n
 
 @pytest.mark.parametrize("kv_type", [np.float32, np.float16])
 @pytest.mark.parametrize(
-    ("n_head", "n_head_kv", "head_dim"), [(9, 3, 64), (4, 1, 256), (4, 2, 16), (2, 2, 24)]
+    ("n_head", "n_head_kv", "head_dim"), [(9, 3, 64), (4, 1, 256), (4, 2, 16), (2, 2, 24), (6, 1, 20)]
 )
 def test_batched_equals_one_token_at_a_time(
     n_head: int, n_head_kv: int, head_dim: int, kv_type: type

@@ -310,8 +310,12 @@ def _attention_blocked(
         elif tiled:  # f32: each product rounded to float, then summed in double
             qa32, kb32 = np.zeros((head_dim, nl), np.float32), np.zeros((_CELL_CHUNK, head_dim), np.float32)
             _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa32, kb32)
+        elif k16:  # few lanes: the cells are the register tile's lanes
+            qc, kt = _few_scratch(head_dim, lanes, np.float64)
+            _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qc, kt)
         else:
-            _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc)
+            qc32, kt32 = _few_scratch(head_dim, lanes, np.float32)
+            _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qc32, kt32)
         inv = np.empty(lanes, np.float32)
         for a in range(lanes):
             t = t0 + a // group
@@ -322,7 +326,10 @@ def _attention_blocked(
                 if w[a, j] > mx:
                     mx = w[a, j]
             inv[a] = _softmax_sse2(w[a], o, length, mx)
-        kqv = np.zeros((lanes, head_dim), np.float64)
+        kqv = np.zeros(
+            (lanes, head_dim) if tiled else (_round_up(lanes, _TILE_COLS), _round_up(head_dim, _TILE_LANES)),
+            np.float64,
+        )
         if tiled and p16:
             pm, vb = np.zeros((span, nl), np.float64), np.zeros((_CELL_CHUNK, head_dim), np.float64)
             _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pm, vb)
@@ -331,8 +338,14 @@ def _attention_blocked(
             _kqv_many(
                 kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pm32, vb32
             )
+        elif p16:  # few lanes: the dimensions are the register tile's lanes
+            pc, vc = _few_scratch(head_dim, lanes, np.float64, _CELL_CHUNK)
+            _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pc, vc)
         else:
-            _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, t0, group, ko, head_dim, lanes, p16)
+            pc32, vc32 = _few_scratch(head_dim, lanes, np.float32, _CELL_CHUNK)
+            _kqv_few(
+                kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pc32, vc32
+            )
         for i in range(nt):
             for g in range(group):
                 qo = (kh * group + g) * head_dim
@@ -434,24 +447,41 @@ def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa, kb):  # ty
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc):  # type: ignore[no-untyped-def]
-    kt = np.empty((head_dim, span), np.float32)
-    for j in range(span):
-        krow = k[cells[jlo + j], ko : ko + head_dim]
-        for d in range(uint64(head_dim)):
-            kt[d, j] = _widen(krow[d])  # type: ignore[call-arg]
-    acc = np.empty(span, np.float64)
-    ns = uint64(span)
-    for a in range(lanes):
-        acc[:] = 0.0
-        for d in range(head_dim):
-            qd = qt[d, a]
-            ktd = kt[d]
-            for j in range(ns):
-                acc[j] += np.float64(ktd[j] * qd)
-        wa = w[a]
-        for j in range(ns):
-            wa[j] = np.float32(acc[j]) * sc
+def _round_up(n, m):  # type: ignore[no-untyped-def]
+    return (n + m - 1) // m * m
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _few_scratch(head_dim, lanes, dtype, cells=0):  # type: ignore[no-untyped-def]
+    """Zeroed scratch of the element type the few-lane products are taken in: (query lanes [head_dim,
+    lanes rounded up to 4], K block [head_dim, 8]) for ``_kq_few``; with ``cells``, (probabilities
+    [cells, lanes rounded up to 4], V rows [cells, head_dim rounded up to 8]) for ``_kqv_few``."""
+    if cells:
+        return np.zeros((cells, _round_up(lanes, _TILE_COLS)), dtype), np.zeros(
+            (cells, _round_up(head_dim, _TILE_LANES)), dtype
+        )
+    return np.zeros((head_dim, _round_up(lanes, _TILE_COLS)), dtype), np.zeros((head_dim, _TILE_LANES), dtype)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qc, kt):  # type: ignore[no-untyped-def]
+    """w[a, j] = (q_a . k_j) * sc for few lanes: the cells are the register tile's lanes (``_tile_sums``, 8
+    cells by 4 query lanes), each K row widened once into a [head_dim, 8] block. qc, kt: ``_few_scratch``."""
+    ncol = qc.shape[1]
+    qc[:, :lanes] = qt
+    res = np.empty(_TILE_LANES * ncol, np.float64)
+    for j0 in range(0, span, _TILE_LANES):
+        m = min(_TILE_LANES, span - j0)
+        for i in range(m):  # a last block's stale columns only feed sums that are not read
+            krow = k[cells[jlo + j0 + i], ko : ko + head_dim]
+            for d in range(uint64(head_dim)):
+                kt[d, i] = _widen(krow[d])  # type: ignore[call-arg]
+        res[:] = 0.0
+        for c0 in range(0, ncol, _TILE_COLS):
+            _tile_sums(res, c0 * _TILE_LANES, kt, 0, qc, c0, head_dim, _TILE_LANES, ncol, 1, _TILE_LANES)  # type: ignore[call-arg]
+        for a in range(lanes):
+            for i in range(m):
+                w[a, j0 + i] = np.float32(res[a * _TILE_LANES + i]) * sc
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -480,16 +510,26 @@ def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim,
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, t0, group, ko, head_dim, lanes, p16):  # type: ignore[no-untyped-def]
-    hd = uint64(head_dim)
-    for a in range(lanes):
-        t = t0 + a // group
-        ka = kqv[a]
-        for j in range(lo[t] - jlo, hi[t] - jlo):
-            p = _prob(w[a, j], inv[a], p16)
-            vrow = v[cells[jlo + j], ko : ko + head_dim]
-            for d in range(hd):
-                ka[d] += np.float64(_widen(vrow[d]) * p)  # type: ignore[call-arg]
+def _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pm, vb):  # type: ignore[no-untyped-def]
+    """kqv[a, d] = sum over the span's cells, in order, of p_aj * v_jd for few lanes: the dimensions are the
+    register tile's lanes (``_tile_sums``, 8 dimensions by 4 query lanes), with the probabilities zero
+    outside each lane's cells. kqv: [lanes rounded up to 4, head_dim rounded up to 8] float64, zeroed;
+    pm, vb: ``_few_scratch``."""
+    ncol, hd8 = pm.shape[1], vb.shape[1]
+    for c0 in range(0, span, _CELL_CHUNK):
+        m = min(_CELL_CHUNK, span - c0)
+        for j in range(m):
+            vrow = v[cells[jlo + c0 + j], ko : ko + head_dim]
+            for d in range(uint64(head_dim)):
+                vb[j, d] = _widen(vrow[d])  # type: ignore[call-arg]
+            for a in range(lanes):
+                t = t0 + a // group
+                jj = c0 + j
+                inside = lo[t] - jlo <= jj < hi[t] - jlo
+                pm[j, a] = _prob(w[a, jj], inv[a], p16) if inside else 0.0
+        for d0 in range(0, hd8, _TILE_LANES):
+            for a0 in range(0, ncol, _TILE_COLS):
+                _tile_sums(kqv, a0 * hd8 + d0, vb, d0, pm, a0, m, hd8, ncol, 1, hd8)  # type: ignore[call-arg]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
