@@ -49,6 +49,10 @@ class _Ranges:
     hi: np.ndarray  # int32 [n]
 
 
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint16) if a.dtype == np.float16 else a
+
+
 class CellPool:
     """Cells for a group of layers: keys/values [n_cells, kv_dim] per layer, positions, sequence sets."""
 
@@ -67,6 +71,8 @@ class CellPool:
         # stores round to the cache type (f32 -> f16 to nearest even, as ggml_cpy)
         self.k = {il: np.zeros((n_cells, kv_dim), kv_dtype(type_k)) for il in layers}
         self.v = {il: np.zeros((n_cells, kv_dim), kv_dtype(type_v)) for il in layers}
+        # the same arrays as the attention kernels take them: an f16 layer as its uint16 bits
+        self.kernel_kv = {il: (_bits(self.k[il]), _bits(self.v[il])) for il in layers}
         self.pos = np.full(n_cells, -1, np.int32)
         self.seqs = np.zeros(n_cells, np.uint64)
         self._free = list(range(n_cells - 1, -1, -1))  # a stack: lowest index allocated first

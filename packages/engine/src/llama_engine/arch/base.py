@@ -127,6 +127,7 @@ class DecoderModel:
         assert output is not None
         self.output: ExactMatrix = output
         self._rope: dict[float, np.ndarray] = {}
+        self._scales = np.float32(self.q_scale()), np.float32(self.kq_scale())
         self._acts: dict[int, Activations] = {}
         self._release_pages()
 
@@ -310,7 +311,8 @@ class DecoderModel:
         for the tokens with `batch.output` set, in batch order."""
         with _FORWARD_LOCK:
             x = self.embed(batch.tokens)
-            placed = kv.place(batch)
+            placed: dict = kv.place(batch)  # per pool: the batch's cells and each token's visible cells
+            placed["n_pos"] = int(batch.pos.max()) + 1 if batch.n else 0  # the RoPE tables' length
             for il in range(self.config.n_layer):
                 x = self.block(il, x, batch, kv, placed)
             rows = np.flatnonzero(batch.output)
@@ -336,9 +338,10 @@ class DecoderModel:
 
     def block(self, il: int, x: np.ndarray, batch: Batch, kv: KVCache, placed: dict) -> np.ndarray:
         lw = self.layers[il]
-        x = x + self.attention(il, self.normed(x, lw.attn_norm), batch, kv, placed)
+        x += self.attention(il, self.normed(x, lw.attn_norm), batch, kv, placed)
         assert lw.ffn_norm is not None
-        return x + self.ffn(il, self.normed(x, lw.ffn_norm))
+        x += self.ffn(il, self.normed(x, lw.ffn_norm))
+        return x
 
     def qkv(self, il: int, h: np.ndarray | Activations) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lw, c = self.layers[il], self.config
@@ -368,16 +371,15 @@ class DecoderModel:
             q = self.norm(q.reshape(n * c.n_head, c.head_dim), lw.q_norm).reshape(n, -1)
         if lw.k_norm is not None:
             k = self.norm(k.reshape(n * c.n_head_kv, c.head_dim), lw.k_norm).reshape(n, -1)
-        table = self.rope_cache(il, int(batch.pos.max()) + 1)
+        table = self.rope_cache(il, placed["n_pos"])
         pool = kv.pool(il)
         cells, ranges = placed[id(pool)]
-        kc, vc = pool.k[il], pool.v[il]
-        k16, v16 = kc.dtype == np.float16, vc.dtype == np.float16
+        kc, vc = pool.kernel_kv[il]
         out = np.empty((n, c.n_head * c.head_dim_v), np.float32)
         ops.attend(
-            out, q, k, v, batch.pos, table, kc.view(np.uint16) if k16 else kc, vc.view(np.uint16) if v16 else vc,
-            cells, ranges.cells, ranges.lo, ranges.hi, n, c.n_head, c.n_head_kv, c.head_dim, c.rope_dims,
-            self.rope_mode, np.float32(self.q_scale()), np.float32(self.kq_scale()), k16, v16,
+            out, q, k, v, batch.pos, table, kc, vc, cells, ranges.cells, ranges.lo, ranges.hi, n, c.n_head,
+            c.n_head_kv, c.head_dim, c.rope_dims, self.rope_mode, *self._scales, kc.dtype == np.uint16,
+            vc.dtype == np.uint16,
         )  # fmt: skip
         o = _linear(lw.wo, out)
         if lw.bo is not None:
