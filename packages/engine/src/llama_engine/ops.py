@@ -424,6 +424,15 @@ def _tile_sums(typingctx, res, roff, a, aoff, b, boff, nt, lda, bt, bc, ldr):  #
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _widen_rows(dst, src, cells, first, m, ko, head_dim):  # type: ignore[no-untyped-def]
+    """dst[j, 0:head_dim] = the cache row of cell cells[first + j] from column ko on, widened, for j < m."""
+    for j in range(m):
+        row = src[cells[first + j], ko : ko + head_dim]
+        for d in range(uint64(head_dim)):
+            dst[j, d] = _widen(row[d])  # type: ignore[call-arg]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa, kb):  # type: ignore[no-untyped-def]
     """w[a, j] = (q_a . k_j) * sc for all lanes and the span's cells, in register tiles (``_tile_sums``).
     qa, kb: zeroed scratch [head_dim, padded lanes] and [_CELL_CHUNK, head_dim] of the element type the
@@ -433,10 +442,7 @@ def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa, kb):  # ty
     res = np.empty((_CELL_CHUNK, nl), np.float64)
     for c0 in range(0, span, _CELL_CHUNK):
         m = min(_CELL_CHUNK, span - c0)
-        for j in range(m):
-            krow = k[cells[jlo + c0 + j], ko : ko + head_dim]
-            for d in range(uint64(head_dim)):
-                kb[j, d] = _widen(krow[d])  # type: ignore[call-arg]
+        _widen_rows(kb, k, cells, jlo + c0, m, ko, head_dim)
         res[:] = 0.0
         for j0 in range(0, m, _TILE_COLS):
             for a0 in range(0, nl, _TILE_LANES):
@@ -497,10 +503,7 @@ def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim,
     kqvt = np.zeros((head_dim, nl), np.float64)
     for c0 in range(0, span, _CELL_CHUNK):
         m = min(_CELL_CHUNK, span - c0)
-        for j in range(m):
-            vrow = v[cells[jlo + c0 + j], ko : ko + head_dim]
-            for d in range(uint64(head_dim)):
-                vb[j, d] = _widen(vrow[d])  # type: ignore[call-arg]
+        _widen_rows(vb, v, cells, jlo + c0, m, ko, head_dim)
         for d0 in range(0, head_dim, _TILE_COLS):
             for a0 in range(0, nl, _TILE_LANES):
                 _tile_sums(kqvt, d0 * nl + a0, pm, c0 * nl + a0, vb, d0, m, nl, head_dim, 1, nl)  # type: ignore[call-arg]
@@ -518,10 +521,8 @@ def _kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, 
     ncol, hd8 = pm.shape[1], vb.shape[1]
     for c0 in range(0, span, _CELL_CHUNK):
         m = min(_CELL_CHUNK, span - c0)
+        _widen_rows(vb, v, cells, jlo + c0, m, ko, head_dim)
         for j in range(m):
-            vrow = v[cells[jlo + c0 + j], ko : ko + head_dim]
-            for d in range(uint64(head_dim)):
-                vb[j, d] = _widen(vrow[d])  # type: ignore[call-arg]
             for a in range(lanes):
                 t = t0 + a // group
                 jj = c0 + j

@@ -64,9 +64,7 @@ AVAILABLE = TILE_ROWS == 64 and _have_avx2()
 # matrices; best at 8-16 KB. Q4_0/Q4_1/Q8_0 stream as fast without (Q8_0 slower with): none there.
 _AHEAD = 12288
 _SPREAD_TOKENS = 16  # from this many tokens on, the activations are rearranged on all threads (in 16 parts)
-_Q5_WIDEN_TOKENS = int(
-    __import__("os").environ.get("Q5W", 3)
-)  # from this many tokens on, Q5 tiles are unpacked to int8 once per call (``mm_q5``)
+_Q5_WIDEN_TOKENS = 3  # from this many tokens on, Q5 blocks are unpacked to int8 once per call (``mm_q5``)
 
 
 # --- LLVM IR shared by the intrinsics below -------------------------------------------------------------
