@@ -11,7 +11,7 @@ from exact_cases import ACT_KINDS, TYPES, make_acts, weights
 from gguf import GGMLQuantizationType as T
 
 import llama_quant
-from llama_quant.kernels.exact import Activations, ExactMatrix, pairs, ref
+from llama_quant.kernels.exact import Activations, ExactMatrix, pairs, quads, ref
 from llama_quant.kernels.exact import act as _act
 from llama_quant.kernels.exact.matrix import _SPECS
 
@@ -211,3 +211,34 @@ def test_pairs_kernels_in_use_on_avx2_cpus() -> None:
 
     host = llvm.get_host_cpu_features()
     assert bool(host.get("avx2") and host.get("f16c")) == pairs.AVAILABLE
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+def test_extreme_values_fit_the_integer_sums(qtype: T) -> None:
+    """The largest integer sums of a block: every value at its top or bottom (Q8_0: -128, which the quads'
+    unsigned bytes hold as 0, and 127) against activations at +-127, for one token and for a prompt's path
+    (``quads`` from ``QUAD_TOKENS`` tokens on, with VNNI)."""
+    rows, cols = 70, 256
+    raw = weights(qtype, rows, cols, seed=1).reshape(rows, cols // 32, -1).copy()
+    head = {T.Q4_0: 2, T.Q4_1: 4, T.Q8_0: 2}[qtype]  # d (and m), then the quants
+    raw[: rows // 2, :, head:] = 0x80 if qtype == T.Q8_0 else 0xFF
+    raw[rows // 2 :, :, head:] = 0x7F if qtype == T.Q8_0 else 0
+    raw[rows // 2 :, 1::2, head : head + 4] = np.array([0x55, 0xAA, 0x0F, 0xF0], np.uint8)
+    raw = raw.reshape(-1)
+    m = ExactMatrix(raw, qtype, rows, cols)
+    x = np.full((quads.QUAD_TOKENS + 1, cols), 1000.0, np.float32)
+    x[1] = -1000.0
+    x[2, ::2] = -1000.0
+    want = np.empty((len(x), rows), np.float32)
+    ref.matmul(want, raw, qtype, rows, cols, x)
+    assert _same(m.matmul(x), want)
+    for t in range(len(x)):
+        assert _same(m.matvec(x[t]), want[t])
+
+
+def test_quads_kernels_in_use_on_cpus_with_avx512_vnni() -> None:
+    import llvmlite.binding as llvm
+
+    host = llvm.get_host_cpu_features()
+    vnni = all(host.get(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
+    assert (pairs.AVAILABLE and vnni) == quads.AVAILABLE

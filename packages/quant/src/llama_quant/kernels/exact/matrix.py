@@ -6,7 +6,8 @@ A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml
 vec_dot per element), so results do not depend on how tokens are batched. On CPUs with AVX2, products of
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K go through ``pairs`` for every token count (byte-pair
 multiply-adds on tiles stored at load in the order those kernels read): other integer arithmetic, the same
-sums, the same float steps.
+sums, the same float steps. With AVX-512 VNNI as well, Q8_0 goes through ``quads`` (4-byte dot products)
+for every token count, and Q4_0, Q4_1, Q5_0 and Q5_1 from ``quads.QUAD_TOKENS`` tokens on.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from . import act, blocks32, floats, kquants, pairs
+from . import act, blocks32, floats, kquants, pairs, quads
 from .ref import vec_dot_type
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class _Spec:
 
 def _q4(name: str) -> _Spec:
     """Q4_0 (no min) and Q4_1. With AVX2 the nibbles are regrouped at load (``pairs.q4_pair_layout``) and
-    one kernel serves every token count."""
+    ``pairs.mm_q4`` serves every token count (with VNNI, ``quads.mm_q4`` from ``quads.QUAD_TOKENS`` on)."""
 
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         arrays = blocks32.pack(name, raw, r, c)
@@ -131,17 +132,26 @@ def _q4(name: str) -> _Spec:
             return (pairs.q4_pair_layout(arrays[0], c // 32), *map(pairs.f16_scales, arrays[1:]))
         return arrays
 
-    kernel = pairs.mm_q4 if pairs.AVAILABLE else blocks32.mv_q4
-    if name == "Q4_1":
-        run = lambda a, o, x, n, r, nb: kernel(o, a[0], a[1], a[2], *x, n, r, nb, True)  # type: ignore[call-arg]  # noqa: E731
-    else:  # Q4_0: d in the min's place, never read
-        run = lambda a, o, x, n, r, nb: kernel(o, a[0], a[1], a[1], *x, n, r, nb, False)  # type: ignore[call-arg]  # noqa: E731
+    has_min = name == "Q4_1"
+
+    def run(
+        a: tuple[np.ndarray, ...], o: np.ndarray, x: tuple[np.ndarray, ...], n: int, r: int, nb: int
+    ) -> None:
+        m = a[2] if has_min else a[1]  # Q4_0: d in the min's place, never read
+        if quads.AVAILABLE and n >= quads.QUAD_TOKENS:
+            quads.mm_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+        elif pairs.AVAILABLE:
+            pairs.mm_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+        else:
+            blocks32.mv_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+
     return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
 
 
 def _q5(name: str) -> _Spec:
     """Q5_0 and Q5_1. With AVX2 the low nibbles are stored as Q4's and the fifth bits as bit planes
-    (``pairs.q5_pair_layout``), and one kernel serves every token count. Without it Q5_0 runs as the Q8_0
+    (``pairs.q5_pair_layout``), and one kernel serves every token count (with VNNI, ``quads.mm_q5`` from
+    ``quads.QUAD_TOKENS`` on). Without AVX2 Q5_0 runs as the Q8_0
     it widens to (``_q8``) and Q5_1 on its raw blocks (``blocks32.mv_q5``)."""
     has_min = name == "Q5_1"
     if not pairs.AVAILABLE:
@@ -164,7 +174,8 @@ def _q5(name: str) -> _Spec:
         a: tuple[np.ndarray, ...], o: np.ndarray, x: tuple[np.ndarray, ...], n: int, r: int, nb: int
     ) -> None:
         m = a[3] if has_min else a[2]  # Q5_0: d in the min's place, never read
-        pairs.mm_q5(o, a[0], a[1], a[2], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+        kernel = quads.mm_q5 if quads.AVAILABLE and n >= quads.QUAD_TOKENS else pairs.mm_q5
+        kernel(o, a[0], a[1], a[2], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
 
     return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
 
@@ -172,15 +183,20 @@ def _q5(name: str) -> _Spec:
 def _q8(name: str) -> _Spec:
     """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22: without AVX2,
     and where Q5_0 rows stack with Q8_0 ones). With AVX2 the tiles are stored in byte pairs
-    (``pairs.q8_pair_layout``) and one kernel serves every token count."""
+    (``pairs.q8_pair_layout``), with AVX-512 VNNI in quads (``quads.q8_quad_layout``), and one kernel
+    serves every token count."""
 
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         if name == "Q5_0":
             raw = blocks32.q5_0_as_q8_0(raw, r, c)
         qs, d = blocks32.pack("Q8_0", raw, r, c)
+        if quads.AVAILABLE:
+            return quads.q8_quad_layout(qs, c // 32), pairs.f16_scales(d)
         return (pairs.q8_pair_layout(qs, c // 32), pairs.f16_scales(d)) if pairs.AVAILABLE else (qs, d)
 
-    if pairs.AVAILABLE:
+    if quads.AVAILABLE:
+        run = lambda a, o, x, n, r, nb: quads.mm_q8(o, a[0], a[1], x[0], x[1], x[3], n, r, nb)  # noqa: E731
+    elif pairs.AVAILABLE:
         run = lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
     else:
         run = lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
