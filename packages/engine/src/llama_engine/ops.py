@@ -17,6 +17,8 @@ from numba import prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from llama_quant.kernels.exact.pairs import cpu_has
+
 __all__ = [
     "ROPE_NEOX",
     "ROPE_NORM",
@@ -302,7 +304,7 @@ def _attention_blocked(
                 for d in range(head_dim):
                     qt[d, i * group + g] = q[t0 + i, qo + d]
         w = np.empty((lanes, span), np.float32)
-        tiled = lanes >= _MANY_LANES and head_dim % _TILE_COLS == 0
+        tiled = lanes >= _MANY_LANES and head_dim % _MANY_COLS == 0
         nl = (lanes + _TILE_LANES - 1) // _TILE_LANES * _TILE_LANES
         if tiled and k16:  # f16 q and k: products exact in double
             qa, kb = np.zeros((head_dim, nl), np.float64), np.zeros((_CELL_CHUNK, head_dim), np.float64)
@@ -355,17 +357,23 @@ def _attention_blocked(
 
 _MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vector dimension
 _TILE_LANES, _TILE_COLS = 8, 4  # a ``_tile_sums`` register tile: 8 lanes by 4 cells (K.Q) or dimensions
-_CELL_CHUNK = 128  # cells whose K or V rows are widened at a time (a multiple of _TILE_COLS)
+# The many-lane kernels' tiles (``_many_sums``): with 32 vector registers of 8 doubles (AVX-512), 8 columns
+# keep 8 independent multiply-add chains in flight, enough to cover their latency on both FMA units; with 16
+# registers of 4 doubles (AVX2) an 8-lane tile already takes two registers a column, and 4 columns fill them.
+_MANY_COLS = 8 if cpu_has("avx512f") else _TILE_COLS
+_CELL_CHUNK = 128  # cells whose K or V rows are widened at a time (a multiple of both tile widths)
 
 
-@intrinsic
-def _tile_sums(typingctx, res, roff, a, aoff, b, boff, nt, lda, bt, bc, ldr):  # type: ignore[no-untyped-def]
-    """res[roff + c * ldr + l] += sum over t < nt, in order, of a[aoff + t * lda + l] * b[boff + t * bt + c *
-    bc], for 8 lanes l and 4 columns c: 32 sums kept in registers (res float64).
+def _tile_sums_of(cols: int):  # type: ignore[no-untyped-def]
+    """The register-tile intrinsic for ``cols`` columns (``_tile_sums``'s doc, with ``cols`` for 4)."""
 
-    With a and b float64 holding f16 values (an f16 cache), each product is exact, so a fused multiply-add
-    gives the same double as ggml's float product widened and added; with float32, the product is rounded to
-    float first and then widened, as ggml's generic vec_dot does."""
+    def tile_sums(typingctx, res, roff, a, aoff, b, boff, nt, lda, bt, bc, ldr):  # type: ignore[no-untyped-def]
+        return _tile_codegen(cols, res, a, b)
+
+    return intrinsic(tile_sums)
+
+
+def _tile_codegen(cols: int, res, a, b):  # type: ignore[no-untyped-def]
     sig = types.void(res, types.intp, a, types.intp, b, types.intp, *([types.intp] * 5))
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -393,7 +401,7 @@ def _tile_sums(typingctx, res, roff, a, aoff, b, boff, nt, lda, bt, bc, ldr):  #
                 builder.module, ir.FunctionType(vd, [vd, vd, vd]), name
             )
         tiles = []  # (accumulator slot, its place in res); the slots become registers
-        for c in range(_TILE_COLS):
+        for c in range(cols):
             at = vec_at(rp, builder.add(roff, times(ldr, c)), vd)
             slot = cgutils.alloca_once(builder, vd)
             builder.store(builder.load(at, align=8), slot)
@@ -417,6 +425,15 @@ def _tile_sums(typingctx, res, roff, a, aoff, b, boff, nt, lda, bt, bc, ldr):  #
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# res[roff + c * ldr + l] += sum over t < nt, in order, of a[aoff + t * lda + l] * b[boff + t * bt + c * bc],
+# for 8 lanes l and 4 columns c: 32 sums kept in registers (res float64). With a and b float64 holding f16
+# values (an f16 cache), each product is exact, so a fused multiply-add gives the same double as ggml's float
+# product widened and added; with float32, the product is rounded to float first and then widened, as ggml's
+# generic vec_dot does. Each sum is its own (lane, column)'s, so the tile's width does not change a number.
+_tile_sums = _tile_sums_of(_TILE_COLS)
+_many_sums = _tile_sums_of(_MANY_COLS)  # the many-lane kernels' tile: 8 lanes by _MANY_COLS columns
 
 
 # The inner loops index row views with unsigned counters: a signed index makes numba check for negative
@@ -444,9 +461,9 @@ def _kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa, kb):  # ty
         m = min(_CELL_CHUNK, span - c0)
         _widen_rows(kb, k, cells, jlo + c0, m, ko, head_dim)
         res[:] = 0.0
-        for j0 in range(0, m, _TILE_COLS):
+        for j0 in range(0, m, _MANY_COLS):
             for a0 in range(0, nl, _TILE_LANES):
-                _tile_sums(res, j0 * nl + a0, qa, a0, kb, j0 * head_dim, head_dim, nl, 1, head_dim, nl)  # type: ignore[call-arg]
+                _many_sums(res, j0 * nl + a0, qa, a0, kb, j0 * head_dim, head_dim, nl, 1, head_dim, nl)  # type: ignore[call-arg]
         for a in range(lanes):
             for j in range(m):
                 w[a, c0 + j] = np.float32(res[j, a]) * sc
@@ -504,9 +521,9 @@ def _kqv_many(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim,
     for c0 in range(0, span, _CELL_CHUNK):
         m = min(_CELL_CHUNK, span - c0)
         _widen_rows(vb, v, cells, jlo + c0, m, ko, head_dim)
-        for d0 in range(0, head_dim, _TILE_COLS):
+        for d0 in range(0, head_dim, _MANY_COLS):
             for a0 in range(0, nl, _TILE_LANES):
-                _tile_sums(kqvt, d0 * nl + a0, pm, c0 * nl + a0, vb, d0, m, nl, head_dim, 1, nl)  # type: ignore[call-arg]
+                _many_sums(kqvt, d0 * nl + a0, pm, c0 * nl + a0, vb, d0, m, nl, head_dim, 1, nl)  # type: ignore[call-arg]
     for a in range(lanes):
         for d in range(head_dim):
             kqv[a, d] = kqvt[d, a]
