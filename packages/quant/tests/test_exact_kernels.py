@@ -242,3 +242,47 @@ def test_quads_kernels_in_use_on_cpus_with_avx512_vnni() -> None:
     host = llvm.get_host_cpu_features()
     vnni = all(host.get(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
     assert (pairs.AVAILABLE and vnni) == quads.AVAILABLE
+
+
+_AVX2_CHILD = """
+import numpy as np
+from exact_cases import make_acts, weights
+from gguf import GGMLQuantizationType as T
+from llama_quant.kernels.exact import ExactMatrix, pairs, quads, ref
+
+assert pairs.AVAILABLE and not pairs.WIDE and not quads.AVAILABLE, "not an AVX2-only target"
+for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
+    rows, cols = 70, 512
+    raw = weights(qtype, rows, cols, seed=int(qtype))
+    m = ExactMatrix(raw, qtype, rows, cols)
+    for n in (1, 2, 5, 17):
+        x = make_acts("outliers", n, cols, seed=n)
+        want = np.empty((n, rows), np.float32)
+        ref.matmul(want, raw, qtype, rows, cols, x)
+        assert np.array_equal(m.matmul(x), want), (qtype.name, n)
+        assert np.array_equal(m.matvec(x[-1]), want[-1]), (qtype.name, n)
+print("checked")
+"""
+_AVX2_FEATURES = ("sse", "sse2", "sse3", "ssse3", "sse4.1", "sse4.2", "avx", "avx2", "fma", "f16c", "bmi", "bmi2",
+                  "popcnt", "lzcnt", "movbe", "cx16", "xsave", "fxsr", "cmov")  # fmt: skip
+
+
+def test_byte_pair_kernels_on_an_avx2_only_target() -> None:
+    """The byte-pair kernels as a CPU with AVX2 and no AVX-512 runs them, whatever this host has: a child
+    process with numba's target set to such a CPU (on an AVX-512 host the tests above take ``quads`` and
+    the 512-bit lane kernels instead)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import llvmlite.binding as llvm
+
+    host = llvm.get_host_cpu_features()
+    if not (host.get("avx2") and host.get("f16c")):
+        pytest.skip("this CPU cannot run AVX2 code")
+    features = ",".join(f"+{f}" for f in _AVX2_FEATURES if host.get(f))
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": features}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    child = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, capture_output=True, text=True)
+    assert child.returncode == 0 and child.stdout.strip() == "checked", child.stderr[-2000:]

@@ -199,29 +199,22 @@ def mm_q8(out, qs, d, xq, xd, xsum, n, rows, nb):  # pragma: no cover - numba
         _store_tile(out, ys, n, rows, g)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def mm_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
+def mm_q4(out, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # type: ignore[no-untyped-def]
     """``pairs.mm_q4``'s product (same arguments) for ``QUAD_TOKENS`` tokens or more: each block turned into
     quads once for all tokens."""
-    xw = _quad_words(xq, n, nb)
-    kind, bias = (0, 0) if has_min else (1, 8)
-    for g in prange(qs.shape[0]):
-        u = _scratch(2048)
-        ys = np.zeros((n, 64), np.float32)
-        acc = np.empty(64, np.int32)
-        dw = np.empty(64, np.float32)
-        mw = np.zeros(64, np.float32)
-        for b in range(nb):
-            _q4_as_quads(u, qs[g], b * 1024)  # type: ignore[call-arg]
-            _quad_tokens(ys, acc, dw, mw, u, 0, d[g], m[g], xw, xd, xs, xsum, n, b, kind, bias)
-        _store_tile(out, ys, n, rows, g)
+    _mm_q45(out, qs, qs, d, m, xq, xd, xs, xsum, n, rows, nb, has_min, False)
+
+
+def mm_q5(out, qs, hb, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # type: ignore[no-untyped-def]
+    """``pairs.mm_q5``'s product (same arguments) for ``QUAD_TOKENS`` tokens or more."""
+    _mm_q45(out, qs, hb, d, m, xq, xd, xs, xsum, n, rows, nb, has_min, True)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def mm_q5(out, qs, hb, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma: no cover - numba
-    """``pairs.mm_q5``'s product (same arguments) for ``QUAD_TOKENS`` tokens or more."""
+def _mm_q45(out, qs, hb, d, m, xq, xd, xs, xsum, n, rows, nb, has_min, five):  # pragma: no cover - numba
+    """The Q4 and Q5 driver: ``five`` selects Q5's fifth bits from ``hb`` (else unread)."""
     xw = _quad_words(xq, n, nb)
-    kind, bias = (0, 0) if has_min else (2, 16)
+    kind, bias = (0, 0) if has_min else ((2, 16) if five else (1, 8))
     for g in prange(qs.shape[0]):
         u = _scratch(2048)
         ys = np.zeros((n, 64), np.float32)
@@ -229,6 +222,9 @@ def mm_q5(out, qs, hb, d, m, xq, xd, xs, xsum, n, rows, nb, has_min):  # pragma:
         dw = np.empty(64, np.float32)
         mw = np.zeros(64, np.float32)
         for b in range(nb):
-            _q5_as_quads(u, qs[g], b * 1024, hb[g], b * 256)  # type: ignore[call-arg]
+            if five:
+                _q5_as_quads(u, qs[g], b * 1024, hb[g], b * 256)  # type: ignore[call-arg]
+            else:
+                _q4_as_quads(u, qs[g], b * 1024)  # type: ignore[call-arg]
             _quad_tokens(ys, acc, dw, mw, u, 0, d[g], m[g], xw, xd, xs, xsum, n, b, kind, bias)
         _store_tile(out, ys, n, rows, g)
