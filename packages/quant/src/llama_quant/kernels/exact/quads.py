@@ -9,7 +9,7 @@ formed, so the float steps stay ``blocks32``'s (``pairs._finish_block``).
 A block of a 64-row tile is 8 quads ``k`` of 4 row chunks of 16 rows, each row's quad holding its values
 ``(2k, 2k + 16, 2k + 1, 2k + 17)``: two of ``pairs``' byte pairs side by side, so the Q4 and Q5 tiles
 (stored in ``pairs``' layouts, which serve one token) are turned into quads block by block, once for all the
-tokens of a call (``_pairs_as_quads``). Q8_0 is stored in quads at load, each signed value plus 128 as an
+tokens of a call (``_q4_as_quads``, ``_q5_as_quads``). Q8_0 is stored in quads at load, each signed value plus 128 as an
 unsigned byte, and the 128 times the block's activation sum taken off afterwards, as Q4_0 and Q5_0 take
 off their 8 and 16 (``sumi = sum u * x - offset * sum x``); every value fits: 255 * 127 * 32 < 2^31.
 
@@ -26,7 +26,17 @@ from numba import int32, prange, types
 from numba.extending import intrinsic
 
 from . import pairs
-from .pairs import _IR, _V16I16, _V32I8, _finish_block, _pair_vectors, _store_tile, _widen_f16
+from .pairs import (
+    _IR,
+    _V16I16,
+    _V16I32,
+    _V32I8,
+    _V32I16,
+    _finish_block,
+    _pair_vectors,
+    _store_tile,
+    _widen_f16,
+)
 
 __all__ = ["AVAILABLE", "QUAD_TOKENS", "mm_q4", "mm_q5", "mm_q8", "q8_quad_layout"]
 
@@ -35,8 +45,6 @@ AVAILABLE = pairs.WIDE and pairs.cpu_has("avx512vl", "avx512vnni")
 # which read the stored bytes once per token).
 QUAD_TOKENS = 3
 
-_V16I32 = ir.VectorType(ir.IntType(32), 16)
-_V32I16 = ir.VectorType(ir.IntType(16), 32)
 # row r of a chunk: word 2r of the quad vector from pair 2k's vector, word 2r + 1 from pair 2k + 1's
 _INTERLEAVE = ir.Constant(ir.VectorType(ir.IntType(32), 32), [i // 2 + 16 * (i % 2) for i in range(32)])
 
@@ -74,15 +82,6 @@ def _vpdpbusd(f: _IR, acc, u, x):  # type: ignore[no-untyped-def]
     return f._call("llvm.x86.avx512.vpdpbusd.512", _V16I32, acc, u, x)
 
 
-def _broadcast16(f: _IR, ptr, base, k: int):  # type: ignore[no-untyped-def]
-    """The 32-bit word ``ptr[base + k]`` in all 16 lanes of a 512-bit vector."""
-    b = f.b
-    word = b.load(b.gep(ptr, [b.add(base, ir.Constant(base.type, k))]))
-    undef = ir.Constant(_V16I32, ir.Undefined)
-    vec = b.insert_element(undef, word, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(vec, undef, ir.Constant(_V16I32, [0] * 16))
-
-
 @intrinsic
 def _quads_dot(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-def]
     """acc[0:64] (int32) = for the 8 quads k of a block, ``vpdpbusd(u[uoff + 256 k : + 256] (64 rows),
@@ -96,7 +95,7 @@ def _quads_dot(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-de
         zero = ir.Constant(_V16I32, None)
         sums = [[zero, zero] for _ in range(4)]
         for k in range(8):
-            x = _broadcast16(f, x_p, xoff, k)
+            x = f.broadcast(x_p, xoff, k, _V16I32)
             for c in range(4):
                 w = f.load(u_p, uoff, k * 256 + c * 64, _V16I32, 1)
                 sums[c][k % 2] = _vpdpbusd(f, sums[c][k % 2], w, x)
