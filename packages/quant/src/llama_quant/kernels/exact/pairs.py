@@ -27,11 +27,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import float32, int32, prange, types, uint64
 from numba.extending import intrinsic
 
+from ...cpu import cpu_has
 from ._tiles import TILE_ROWS
 from .kquants import _finish, _float_step, _min_sums
 
@@ -47,17 +47,6 @@ __all__ = [
     "q5_pair_layout",
     "q8_pair_layout",
 ]
-
-
-def cpu_has(*names: str) -> bool:
-    """Whether numba's target has every CPU feature in ``names`` (LLVM's names: "avx2", "avx512bw", ...)."""
-    features = getattr(numba.config, "CPU_FEATURES", None)
-    if features:  # an explicit numba target
-        listed = str(features).split(",")
-        return all(f"+{name}" in listed for name in names)
-    cpu = getattr(numba.config, "CPU_NAME", None)
-    host = llvm.get_host_cpu_features()
-    return bool(cpu in (None, "host") and all(host.get(name) for name in names))
 
 
 # AVX2 and F16C (every AVX2 CPU has both; the kernels need both)
