@@ -17,7 +17,7 @@ from numba import prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llama_quant.kernels.exact.pairs import cpu_has
+from llama_quant.cpu import cpu_has
 
 __all__ = [
     "ROPE_NEOX",
