@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 import llama_quant
-from llama_quant.kernels.exact import ExactMatrix
+from llama_quant.kernels import ExactMatrix
 
 SHAPES = {  # (rows, cols) seen in SmolLM2-135M / Gemma 3 270M
     T.Q4_1: [(576, 576), (1536, 576), (576, 1536)],

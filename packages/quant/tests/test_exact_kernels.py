@@ -11,9 +11,9 @@ from exact_cases import ACT_KINDS, TYPES, make_acts, weights
 from gguf import GGMLQuantizationType as T
 
 import llama_quant
-from llama_quant.kernels.exact import Activations, ExactMatrix, pairs, quads, ref
-from llama_quant.kernels.exact import act as _act
-from llama_quant.kernels.exact.matrix import _SPECS
+from llama_quant.kernels import Activations, ExactMatrix, pairs, quads, ref
+from llama_quant.kernels import act as _act
+from llama_quant.kernels.matrix import _SPECS
 
 act: Any = _act  # numba dispatchers: mypy cannot see their signatures
 
@@ -169,7 +169,7 @@ def test_errors() -> None:
     "qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name
 )
 def test_many_token_path_equals_one_token_products(qtype: T) -> None:
-    """Batches of these types take the byte-pair kernels (exact.pairs, on CPUs with AVX2) from a number of
+    """Batches of these types take the byte-pair kernels (kernels.pairs, on CPUs with AVX2) from a number of
     tokens per type: the same numbers as the reference and as one matvec per token, with a partial last
     tile and extreme activations."""
     rows, cols = 200, 512
@@ -248,7 +248,7 @@ _AVX2_CHILD = """
 import numpy as np
 from exact_cases import make_acts, weights
 from gguf import GGMLQuantizationType as T
-from llama_quant.kernels.exact import ExactMatrix, pairs, quads, ref
+from llama_quant.kernels import ExactMatrix, pairs, quads, ref
 
 assert pairs.AVAILABLE and not pairs.WIDE and not quads.AVAILABLE, "not an AVX2-only target"
 for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):

@@ -13,7 +13,7 @@ from exact_cases import ACT_KINDS, TYPES, make_acts, weights
 from gguf import GGMLQuantizationType as T
 
 import gguf_io
-from llama_quant.kernels.exact import Activations, ExactMatrix
+from llama_quant.kernels import Activations, ExactMatrix
 
 pytestmark = pytest.mark.parity
 

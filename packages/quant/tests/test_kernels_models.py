@@ -1,5 +1,5 @@
-"""Kernels on real tensors of the two test models (SmolLM2 Q4_1/Q8_0, Gemma 3 Q4_K/Q5_0/Q6_K/Q8_0),
-against gguf-py's dequantization in float64, within the bounds derived in test_kernels.py."""
+"""The kernels on real tensors of the two test models (SmolLM2 Q4_1/Q8_0, Gemma 3 Q4_K/Q5_0/Q6_K/Q8_0),
+bit for bit against the numpy reference, for every kernel set this host runs."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 from conftest import gemma3_file, smollm2_file
 from gguf import GGMLQuantizationType as T
-from gguf import quants
-from test_kernels import check
 
 import gguf_io
-from llama_quant.kernels import QuantMatrix
+from llama_quant.kernels import ExactMatrix, ref
 
-MAX_ROWS = 8192  # token_embd / output have 49152 and 262144 rows: a slice keeps the test quick
+MAX_ROWS = 320  # a slice of five tiles keeps the numpy reference quick
 
 
 @pytest.fixture(scope="module")
@@ -29,31 +27,28 @@ def models() -> Iterator[dict[str, gguf_io.GGUFFile]]:
 CASES = [
     ("smollm2", "blk.0.attn_q.weight"),  # Q4_1 576x576
     ("smollm2", "blk.0.ffn_down.weight"),  # Q4_1 576x1536
-    ("smollm2", "blk.0.ffn_up.weight"),  # Q4_1 1536x576
     ("smollm2", "token_embd.weight"),  # Q8_0 49152x576 (sliced)
     ("gemma3", "blk.0.attn_q.weight"),  # Q5_0 1024x640
-    ("gemma3", "blk.0.attn_k.weight"),  # Q8_0 256x640
     ("gemma3", "blk.0.ffn_down.weight"),
     ("gemma3", "blk.1.ffn_down.weight"),
     ("gemma3", "blk.0.attn_output.weight"),  # Q4_K 640x1024
-    ("gemma3", "token_embd.weight"),  # Q8_0 262144x640 (sliced)
 ]
 
 
 @pytest.mark.parametrize(("model", "name"), CASES)
-@pytest.mark.parametrize("n", [1, 4, 24])  # 24: the dequantize + BLAS path
+@pytest.mark.parametrize("n", [1, 5, 17])
 def test_real_tensor(models: dict[str, gguf_io.GGUFFile], model: str, name: str, n: int) -> None:
     f = models[model]
     info = f.tensors[name]
     qtype = T(info.ggml_type)
-    cols, rows = info.shape[0], info.shape[1]
-    raw = f.tensor_bytes(name).reshape(rows, -1)
-    rows = min(rows, MAX_ROWS)
-    raw = raw[:rows]
-    w = quants.dequantize(raw, qtype).astype(np.float64)
-    rng = np.random.default_rng(n)
-    x = rng.standard_normal((n, cols)).astype(np.float32)
-    check(qtype, raw, rows, cols, x, w)
+    cols, rows = info.shape[0], min(info.shape[1], MAX_ROWS)
+    raw = f.tensor_bytes(name).reshape(info.shape[1], -1)[:rows].reshape(-1)
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    want = np.empty((n, rows), np.float32)
+    ref.matmul(want, raw, qtype, rows, cols, x)
+    m = ExactMatrix(raw, qtype, rows, cols)
+    assert np.array_equal(m.matmul(x), want)
+    assert np.array_equal(m.matvec(x[-1]), want[-1])
 
 
 def test_model_types_covered(models: dict[str, gguf_io.GGUFFile]) -> None:
@@ -63,8 +58,8 @@ def test_model_types_covered(models: dict[str, gguf_io.GGUFFile]) -> None:
 
 def test_from_gguf(models: dict[str, gguf_io.GGUFFile]) -> None:
     f = models["gemma3"]
-    m = QuantMatrix.from_gguf(f, "blk.0.attn_q.weight")
+    m = ExactMatrix.from_gguf(f, "blk.0.attn_q.weight")
     assert (m.rows, m.cols, m.qtype) == (1024, 640, T.Q5_0)
     raw = f.tensor_bytes("blk.0.attn_q.weight")
     x = np.random.default_rng(0).standard_normal(640).astype(np.float32)
-    np.testing.assert_array_equal(m.matvec(x), QuantMatrix(raw, T.Q5_0, 1024, 640).matvec(x))
+    np.testing.assert_array_equal(m.matvec(x), ExactMatrix(raw, T.Q5_0, 1024, 640).matvec(x))

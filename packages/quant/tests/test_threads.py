@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 
 from llama_quant import quantize
 from llama_quant.kernels import release_worker_threads
-from llama_quant.kernels.exact import ExactMatrix
+from llama_quant.kernels import ExactMatrix
 
 
 def _threads() -> int:

@@ -7,7 +7,7 @@ embedding scale, sliding-window layers) and registers itself under its `general.
     class Llama(DecoderModel): ...
 
 The forward pass takes a `Batch` mixing sequences and returns the logits of the tokens that asked for
-them. Weights stay quantized: each matrix is a `llama_quant.kernels.exact.ExactMatrix`.
+them. Weights stay quantized: each matrix is a `llama_quant.kernels.ExactMatrix`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
 from llama_quant import dequantize
-from llama_quant.kernels.exact import Activations, ExactMatrix
+from llama_quant.kernels import Activations, ExactMatrix
 
 from .. import ops
 from ..batch import Batch

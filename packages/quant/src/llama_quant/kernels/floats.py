@@ -1,60 +1,55 @@
-"""Kernels for unquantized weights: F16 and BF16 (kept as their raw 16-bit words) and F32 (numpy BLAS).
+"""Exact kernels for unquantized weights F16, BF16, F32.
 
-F16/BF16 rows are widened to f32 into a per-thread scratch row with integer ops (F16: the exponent and
-mantissa bits shifted into f32 position, then scaled by 2**112, exact for zero, subnormals and normals; inf
-and nan, never produced by ggml converters, are not preserved) and dotted with every activation row, so a
-weight row is read from memory once per call whatever the number of tokens. Counterpart of ggml-cpu's
-``ggml_vec_dot_f16`` / ``ggml_vec_dot_bf16``, which convert the activations to 16 bits instead; here they stay
-f32, so the only rounding is in the f32 accumulation.
+Counterparts of ggml-cpu's scalar ``ggml_vec_dot_f16`` / ``ggml_vec_dot_bf16`` / ``ggml_vec_dot_f32`` (vec.cpp,
+the builds without GGML_SIMD): ``sumf += (ggml_float)(x[i] * y[i])`` for i in order, the product an f32 of the
+two f32 values (the fp16 / bf16 ones widened exactly), the sum in f64 (ggml_float), the result rounded to
+f32. The activations were rounded to the weights' type first (``act.quantize_f16`` / ``quantize_bf16``).
+Weights are widened once to f32 and tiled row-minor ([G, cols * 64]: element i of row r at ``i * 64 + r``),
+so the vector lanes are rows and each row's f64 sum runs in index order.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import float32, prange, uint32, uint64
+from gguf import GGMLQuantizationType as T
+from numba import float32, float64, prange, uint64
 
-from ._common import N_CHUNKS
+from ._tiles import N_CHUNKS, row_minor, tile_rows
 
-__all__ = ["deq_f16", "mv_f16"]
-
-_TWO_112 = float32(2.0**112)
+__all__ = ["mv_float", "pack"]
 
 
-@numba.njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _widen(f, u, row, cols, bf16):  # pragma: no cover - numba
-    """row: [cols] uint16 F16/BF16 words -> f: [cols] f32 (u: the same scratch seen as uint32)."""
-    if bf16:
-        for i in range(uint64(cols)):
-            u[i] = uint32(row[i]) << 16
+def pack(qtype: T, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
+    """Raw rows [rows, row_bytes] uint8 -> (w [G, cols * 64] f32,)."""
+    flat = np.ascontiguousarray(raw).reshape(-1)
+    if qtype == T.F32:
+        w = flat.view(np.float32).reshape(rows, cols)
+    elif qtype == T.F16:
+        w = flat.view(np.float16).reshape(rows, cols).astype(np.float32)
     else:
-        for i in range(uint64(cols)):
-            h = uint32(row[i])
-            u[i] = ((h & 0x7FFF) << 13) | ((h & 0x8000) << 16)
-        for i in range(uint64(cols)):
-            f[i] = f[i] * _TWO_112
+        w = (flat.view(np.uint16).reshape(rows, cols).astype(np.uint32) << 16).view(np.float32)
+    return (row_minor(tile_rows(w, rows)),)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=True, parallel=True)
-def mv_f16(out, w, x, n, rows, cols, bf16):  # pragma: no cover - numba
-    """out[n, rows] = x[n, cols] @ w.T for w: [rows, cols] uint16 words of F16 (bf16 False) or BF16."""
+@numba.njit(cache=True, nogil=True, parallel=True)
+def mv_float(out, w, x, n, rows, cols):  # pragma: no cover - numba
+    """out[n, rows] = x[n, cols] @ W.T, W tiled f32 (module doc), x already rounded to the weights' type."""
+    G = w.shape[0]
+    R = uint64(w.shape[1] // cols)
     for c in prange(N_CHUNKS):
-        u = np.empty(cols, np.uint32)
-        f = u.view(np.float32)
-        for r in range(rows * c // N_CHUNKS, rows * (c + 1) // N_CHUNKS):
-            _widen(f, u, w[r], cols, bf16)
+        acc = np.empty(R, np.float64)
+        for g in range(G * c // N_CHUNKS, G * (c + 1) // N_CHUNKS):
+            wg = w[g]
             for t in range(n):
                 xt = x[t]
-                acc = float32(0.0)
+                for k in range(R):
+                    acc[k] = 0.0
                 for i in range(uint64(cols)):
-                    acc += f[i] * xt[i]
-                out[t, r] = acc
-
-
-@numba.njit(cache=True, nogil=True, fastmath=True)
-def deq_f16(dst, w, r0, m, cols, bf16):  # pragma: no cover - numba
-    """dst[0:m, cols] f32 = rows r0 .. r0 + m - 1 of w (F16 or BF16 words); on the calling thread, as the
-    dequantization kernels of the BLAS path (see ``deq``)."""
-    for i in range(m):
-        d = dst[i]
-        _widen(d, d.view(np.uint32), w[r0 + i], cols, bf16)
+                    xi = xt[i]
+                    o = i * R
+                    for k in range(R):
+                        acc[k] += float64(wg[o + k] * xi)
+                r0 = g * R
+                for k in range(min(R, rows - r0)):
+                    out[t, r0 + k] = float32(acc[k])

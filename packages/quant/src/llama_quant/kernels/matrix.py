@@ -1,106 +1,42 @@
-"""QuantMatrix: one weight matrix in a ggml type, repacked once, multiplied by f32 activations.
+"""ExactMatrix: one weight matrix in a ggml type whose products with f32 activations equal llama.cpp's CPU
+results bit for bit (ggml's generic C kernels: the activations quantized to the type's vec_dot type with the
+reference quantizer, then one ``vec_dot`` per output element).
 
-Build one ``QuantMatrix`` per weight and call ``matvec`` (one token) or ``matmul`` (a batch) on it. Small
-batches run the integer kernels (activations quantized once per batch to Q8_0 or Q8_K, as llama.cpp does);
-large batches dequantize a slab of weight rows to f32 and hand it to numpy's BLAS, which is compute-bound
-and several times faster per token there. These kernels use fastmath and are close to ggml's results, not
-equal to them; the engine uses ``llama_quant.kernels.exact.ExactMatrix``, whose products are bit for bit
-llama.cpp's.
+A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
+vec_dot per element), so results do not depend on how tokens are batched. On CPUs with AVX2, products of
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K go through ``pairs`` for every token count (byte-pair
+multiply-adds on tiles stored at load in the order those kernels read): other integer arithmetic, the same
+sums, the same float steps. With AVX-512 VNNI as well, Q8_0 goes through ``quads`` (4-byte dot products)
+for every token count, and Q4_0, Q4_1, Q5_0 and Q5_1 from ``quads.QUAD_TOKENS`` tokens on.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from . import deq, floats, kq, q32
-from ._common import TILE_ROWS, n_tiles, quantize_q8
+from . import act, blocks32, floats, kquants, pairs, quads
+from .ref import vec_dot_type
 
 if TYPE_CHECKING:
     import gguf_io
 
-__all__ = ["SUPPORTED_TYPES", "Activations", "QuantMatrix"]
+__all__ = ["SUPPORTED_TYPES", "Activations", "ExactMatrix"]
 
-# Batches of more tokens than this take the dequantize + BLAS path (measured with bench/bench_kernels.py).
-BLAS_MIN_TOKENS = 16
-_SLAB_BYTES = 16 << 20  # f32 weight slab per BLAS step: a whole layer matrix of these models in one sgemm
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    block: int  # values per block (1 for floats)
-    block_bytes: int
-    act: str  # activation format: "q8_0", "q8_k" or "f32"
-    pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]]
-    mv: Callable[..., None] | None  # (arrays, out, xq, xd, xs, n, rows, nb)
-    deq: Callable[..., None] | None  # (arrays, wt, g0, n_tiles, nb)
-
-
-def _q32(name: str, bb: int, mv: Callable[..., None], dq: Callable[..., None]) -> _Spec:
-    return _Spec(32, bb, "q8_0", lambda raw, r, c: q32.pack(name, raw, r, c), mv, dq)
-
-
-def _kq(name: str, bb: int, mv: Callable[..., None], dq: Callable[..., None]) -> _Spec:
-    return _Spec(256, bb, "q8_k", lambda raw, r, c: kq.pack(name, raw, r, c), mv, dq)
-
-
-def _as_words(raw: np.ndarray, rows: int, cols: int, dtype: type) -> tuple[np.ndarray, ...]:
-    return (np.ascontiguousarray(raw).view(dtype).reshape(rows, cols),)
-
-
-# fmt: off
-_SPECS: dict[T, _Spec] = {
-    T.Q4_0: _q32("Q4_0", 18,
-        lambda a, o, xq, xd, xs, n, r, nb: q32.mv_q4(o, a[0], a[1], a[1], xq, xd, xs, n, r, nb, False),
-        lambda a, wt, g0, n, nb: deq.deq_q4(wt, a[0], a[1], a[1], g0, n, nb, False)),
-    T.Q4_1: _q32("Q4_1", 20,
-        lambda a, o, xq, xd, xs, n, r, nb: q32.mv_q4(o, a[0], a[1], a[2], xq, xd, xs, n, r, nb, True),
-        lambda a, wt, g0, n, nb: deq.deq_q4(wt, a[0], a[1], a[2], g0, n, nb, True)),
-    T.Q5_0: _q32("Q5_0", 22,
-        lambda a, o, xq, xd, xs, n, r, nb: q32.mv_q5(o, a[0], a[1], a[2], a[2], xq, xd, xs, n, r, nb, False),
-        lambda a, wt, g0, n, nb: deq.deq_q5(wt, a[0], a[1], a[2], a[2], g0, n, nb, False)),
-    T.Q5_1: _q32("Q5_1", 24,
-        lambda a, o, xq, xd, xs, n, r, nb: q32.mv_q5(o, a[0], a[1], a[2], a[3], xq, xd, xs, n, r, nb, True),
-        lambda a, wt, g0, n, nb: deq.deq_q5(wt, a[0], a[1], a[2], a[3], g0, n, nb, True)),
-    T.Q8_0: _q32("Q8_0", 34,
-        lambda a, o, xq, xd, xs, n, r, nb: q32.mv_q8(o, a[0], a[1], xq, xd, n, r, nb),
-        lambda a, wt, g0, n, nb: deq.deq_q8(wt, a[0], a[1], g0, n, nb)),
-    T.Q2_K: _kq("Q2_K", 84,
-        lambda a, o, xq, xd, xs, n, r, nb: kq.mv_q2k(o, a[0], a[1], a[2], a[3], xq, xd, xs, n, r, nb),
-        lambda a, wt, g0, n, nb: deq.deq_q2k(wt, a[0], a[1], a[2], a[3], g0, n, nb)),
-    T.Q3_K: _kq("Q3_K", 110,
-        lambda a, o, xq, xd, xs, n, r, nb: kq.mv_q3k(o, a[0], a[1], a[2], a[3], xq, xd, n, r, nb),
-        lambda a, wt, g0, n, nb: deq.deq_q3k(wt, a[0], a[1], a[2], a[3], g0, n, nb)),
-    T.Q4_K: _kq("Q4_K", 144,
-        lambda a, o, xq, xd, xs, n, r, nb: kq.mv_q45k(o, a[0], a[0], a[1], a[2], a[3], a[4], xq, xd, xs, n, r, nb, False),
-        lambda a, wt, g0, n, nb: deq.deq_q45k(wt, a[0], a[0], a[1], a[2], a[3], a[4], g0, n, nb, False)),
-    T.Q5_K: _kq("Q5_K", 176,
-        lambda a, o, xq, xd, xs, n, r, nb: kq.mv_q45k(o, a[0], a[1], a[2], a[3], a[4], a[5], xq, xd, xs, n, r, nb, True),
-        lambda a, wt, g0, n, nb: deq.deq_q45k(wt, a[0], a[1], a[2], a[3], a[4], a[5], g0, n, nb, True)),
-    T.Q6_K: _kq("Q6_K", 210,
-        lambda a, o, xq, xd, xs, n, r, nb: kq.mv_q6k(o, a[0], a[1], a[2], a[3], xq, xd, n, r, nb),
-        lambda a, wt, g0, n, nb: deq.deq_q6k(wt, a[0], a[1], a[2], a[3], g0, n, nb)),
-    T.F16: _Spec(1, 2, "f32", lambda raw, r, c: _as_words(raw, r, c, np.uint16), None, None),
-    T.BF16: _Spec(1, 2, "f32", lambda raw, r, c: _as_words(raw, r, c, np.uint16), None, None),
-    T.F32: _Spec(1, 4, "f32", lambda raw, r, c: _as_words(raw, r, c, np.float32), None, None),
-}
-# fmt: on
-
-SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
+_PARALLEL_ROWS = 8  # from this many tokens on, activations are quantized on all threads
 
 
 class Activations:
-    """A batch ``x[n, cols]`` of f32 activations plus its Q8_0 / Q8_K quantizations, computed on first use.
+    """A batch ``x[n, cols]`` of f32 activations and its vec_dot-type conversions, each made on first use.
 
-    Pass the same ``Activations`` to every matrix that multiplies the same input (q/k/v, gate/up): the
-    input is quantized once per format, not once per matrix. Buffers are allocated for ``max_tokens`` rows
-    once; ``set`` never allocates.
+    Pass the same ``Activations`` to every matrix that multiplies the same input (q/k/v, gate/up): the input
+    is quantized once per format, not once per matrix. Buffers are allocated for ``max_tokens`` rows once;
+    ``set`` never allocates. Formats: "q8" (Q8_0 and Q8_1 together), "q8k", "f16", "bf16", "f32".
     """
 
     def __init__(self, cols: int, max_tokens: int = 1) -> None:
@@ -108,20 +44,12 @@ class Activations:
         self.max_tokens = max_tokens
         self.n = 0
         self.x = np.zeros((max_tokens, cols), np.float32)
-        self._xq = np.zeros((max_tokens, cols), np.int8)
-        self._q8_0 = (
-            np.zeros((max_tokens, cols // 32), np.float32),
-            np.zeros((max_tokens, cols // 16), np.int32),
-        )
-        self._q8_k = (
-            np.zeros((max_tokens, cols // 256), np.float32),
-            np.zeros((max_tokens, cols // 16), np.int32),
-        )
         self._x0 = self.x[0]
-        self._have = ""
+        self._bufs: dict[str, tuple[np.ndarray, ...]] = {}
+        self._have: set[str] = set()
 
     def set(self, x: np.ndarray) -> Activations:
-        """Load ``x`` ([cols] or [n, cols], n <= max_tokens) and forget earlier quantizations."""
+        """Load ``x`` ([cols] or [n, cols], n <= max_tokens) and forget earlier conversions."""
         if x.ndim == 1:
             np.copyto(self._x0, x)
             self.n = 1
@@ -131,62 +59,221 @@ class Activations:
                 raise ValueError(f"{n} tokens > max_tokens={self.max_tokens}")
             self.x[:n] = x
             self.n = n
-        self._have = ""
+        self._have.clear()
         return self
 
-    def quantized(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(xq[n, cols] int8, xd[n, cols/block] f32 scales, xs[n, cols/group] int32 quant sums) for
-        kind "q8_0" (block 32) or "q8_k" (block 256); sums are over groups of 16 values."""
-        n = self.n
-        xq, xd, xs = self._quantized(kind)
-        return xq[:n], xd[:n], xs[:n]
+    def rows(self, n: int) -> np.ndarray:
+        """The f32 buffer's first ``n`` rows, to compute the next input straight into (instead of ``set``);
+        earlier conversions are forgotten."""
+        if n > self.max_tokens:
+            raise ValueError(f"{n} tokens > max_tokens={self.max_tokens}")
+        self.n = n
+        self._have.clear()
+        return self.x[:n]
 
-    def _quantized(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """As ``quantized`` but the whole max_tokens buffers (the kernels take n separately)."""
-        xd, xs = self._q8_0 if kind == "q8_0" else self._q8_k
-        if self._have != kind:
-            block = 32 if kind == "q8_0" else 256
-            group = 16  # sums per 16 values: the int16 kernels start their accumulators from them
-            quantize_q8(self._xq, xd, xs, self.x, self.n, self.cols, block, group)
-            self._have = kind
-        return self._xq, xd, xs
+    def converted(self, fmt: str) -> tuple[np.ndarray, ...]:
+        """The whole ``max_tokens`` buffers of format ``fmt`` (valid for the first ``n`` rows):
+        q8: (xq int8 [., cols], xd f32 fp16(d) [., cols/32], xs f32 fp16(s) [., cols/32], xsum int32 [., cols/16]);
+        q8k: (xq, xd f32 [., cols/256], xsum int32 [., cols/16]); f16 / bf16 / f32: (x f32 [., cols],)."""
+        if fmt in self._have:
+            return self._bufs[fmt]
+        if fmt == "f32":
+            return (self.x,)
+        m, c, n = self.max_tokens, self.cols, self.n
+        bufs = self._bufs.get(fmt)
+        if bufs is None:
+            if fmt == "q8":
+                bufs = (
+                    np.zeros((m, c), np.int8),
+                    np.zeros((m, c // 32), np.float32),
+                    np.zeros((m, c // 32), np.float32),
+                    np.zeros((m, c // 16), np.int32),
+                )
+            elif fmt == "q8k":
+                bufs = (
+                    np.zeros((m, c), np.int8),
+                    np.zeros((m, c // 256), np.float32),
+                    np.zeros((m, c // 16), np.int32),
+                )
+            else:
+                bufs = (np.zeros((m, c), np.float32),)
+            self._bufs[fmt] = bufs
+        many = n >= _PARALLEL_ROWS
+        if fmt == "q8":
+            (act.quantize_q8_rows if many else act.quantize_q8)(
+                bufs[0], bufs[1], bufs[2], bufs[3], self.x, n, c
+            )
+        elif fmt == "q8k":
+            (act.quantize_q8_k_rows if many else act.quantize_q8_k)(bufs[0], bufs[1], bufs[2], self.x, n, c)
+        elif fmt == "f16":
+            act.quantize_f16(bufs[0], self.x, n, c)
+        else:
+            act.quantize_bf16(bufs[0], self.x, n, c)
+        self._have.add(fmt)
+        return bufs
 
 
-_scratch = threading.local()
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    block: int  # values per block (1 for floats)
+    block_bytes: int
+    fmt: str  # Activations format
+    pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]]
+    run: Callable[..., None]  # (arrays, out, acts tuple, n, rows, nb)
 
 
-def _slab(size: int, which: int = 0) -> np.ndarray:
-    """Per-thread f32 scratch buffer ``which`` (0: weight slab, 1: slab result) of at least ``size`` values,
-    reused across calls and matrices."""
-    bufs = getattr(_scratch, "bufs", None)
-    if bufs is None:
-        bufs = _scratch.bufs = [np.empty(0, np.float32), np.empty(0, np.float32)]
-    if bufs[which].size < size:
-        bufs[which] = np.empty(size, np.float32)
-    return bufs[which][:size]
+def _q4(name: str) -> _Spec:
+    """Q4_0 (no min) and Q4_1. With AVX2 the nibbles are regrouped at load (``pairs.q4_pair_layout``) and
+    ``pairs.mm_q4`` serves every token count (with VNNI, ``quads.mm_q4`` from ``quads.QUAD_TOKENS`` on)."""
+
+    def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
+        arrays = blocks32.pack(name, raw, r, c)
+        if pairs.AVAILABLE:
+            return (pairs.q4_pair_layout(arrays[0], c // 32), *map(pairs.f16_scales, arrays[1:]))
+        return arrays
+
+    has_min = name == "Q4_1"
+
+    def run(
+        a: tuple[np.ndarray, ...], o: np.ndarray, x: tuple[np.ndarray, ...], n: int, r: int, nb: int
+    ) -> None:
+        m = a[2] if has_min else a[1]  # Q4_0: d in the min's place, never read
+        if quads.AVAILABLE and n >= quads.QUAD_TOKENS:
+            quads.mm_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+        elif pairs.AVAILABLE:
+            pairs.mm_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+        else:
+            blocks32.mv_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
 
 
-class QuantMatrix:
-    """A weight matrix ``W[rows, cols]`` stored in ggml type ``qtype``, ready for products with f32 inputs.
+def _q5(name: str) -> _Spec:
+    """Q5_0 and Q5_1. With AVX2 the low nibbles are stored as Q4's and the fifth bits as bit planes
+    (``pairs.q5_pair_layout``), and one kernel serves every token count (with VNNI, ``quads.mm_q5`` from
+    ``quads.QUAD_TOKENS`` on). Without AVX2 Q5_0 runs as the Q8_0
+    it widens to (``_q8``) and Q5_1 on its raw blocks (``blocks32.mv_q5``)."""
+    has_min = name == "Q5_1"
+    if not pairs.AVAILABLE:
+        if not has_min:
+            return _q8(name)
+        return _Spec(
+            32,
+            blocks32.BLOCK_BYTES[name],
+            "q8",
+            lambda raw, r, c: blocks32.pack(name, raw, r, c),
+            lambda a, o, x, n, r, nb: blocks32.mv_q5(o, *a, *x, n, r, nb, True),  # type: ignore[call-arg]
+        )
 
-    ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy
-    view of the GGUF mmap is fine). Quantized types are repacked at construction into tiles of 64 rows
-    (about the size of ``raw``: scales widen to f32; ``raw`` is not referenced afterwards). F16/BF16/F32 keep
-    a view of ``raw``.
-    """
+    def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
+        qs, qh, d, *m = blocks32.pack(name, raw, r, c)
+        scales = pairs.f16_scales(d), pairs.f16_scales(m[0]) if m else np.zeros(0, np.uint16)
+        return (*pairs.q5_pair_layout(qs, qh, c // 32), *scales)
+
+    def run(
+        a: tuple[np.ndarray, ...], o: np.ndarray, x: tuple[np.ndarray, ...], n: int, r: int, nb: int
+    ) -> None:
+        m = a[3] if has_min else a[2]  # Q5_0: d in the min's place, never read
+        kernel = quads.mm_q5 if quads.AVAILABLE and n >= quads.QUAD_TOKENS else pairs.mm_q5
+        kernel(o, a[0], a[1], a[2], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
+
+
+def _q8(name: str) -> _Spec:
+    """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22: without AVX2,
+    and where Q5_0 rows stack with Q8_0 ones). With AVX2 the tiles are stored in byte pairs
+    (``pairs.q8_pair_layout``), with AVX-512 VNNI in quads (``quads.q8_quad_layout``), and one kernel
+    serves every token count."""
+
+    def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
+        if name == "Q5_0":
+            raw = blocks32.q5_0_as_q8_0(raw, r, c)
+        qs, d = blocks32.pack("Q8_0", raw, r, c)
+        if quads.AVAILABLE:
+            return quads.q8_quad_layout(qs, c // 32), pairs.f16_scales(d)
+        return (pairs.q8_pair_layout(qs, c // 32), pairs.f16_scales(d)) if pairs.AVAILABLE else (qs, d)
+
+    if quads.AVAILABLE:
+        run = lambda a, o, x, n, r, nb: quads.mm_q8(o, a[0], a[1], x[0], x[1], x[3], n, r, nb)  # noqa: E731
+    elif pairs.AVAILABLE:
+        run = lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
+    else:
+        run = lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
+    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
+
+
+def _k(qtype: T, bb: int) -> _Spec:
+    if qtype in (T.Q4_K, T.Q6_K) and pairs.AVAILABLE:  # stored for the byte-pair kernels, every token count
+        pk = lambda raw, r, c: pairs.k_pair_layout(qtype, kquants.pack(qtype, raw, r, c), c // 256)  # noqa: E731
+        mm = pairs.mm_q4k if qtype == T.Q4_K else pairs.mm_q6k
+        return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: mm(o, *a, *x, n, r, nb))  # type: ignore[call-arg]
+    pk = lambda raw, r, c: kquants.pack(qtype, raw, r, c)  # noqa: E731
+    kind = kquants.KIND[qtype]
+    if qtype == T.Q4_K:
+        run = lambda a, o, x, n, r, nb: kquants.mv_q4k(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
+    else:
+        run = lambda a, o, x, n, r, nb: kquants.mv_k8(o, *a, *x, n, r, nb, kind)  # type: ignore[call-arg]  # noqa: E731
+    return _Spec(256, bb, "q8k", pk, run)
+
+
+def _f(qtype: T, bb: int, fmt: str) -> _Spec:
+    return _Spec(
+        1,
+        bb,
+        fmt,
+        lambda raw, r, c: floats.pack(qtype, raw, r, c),
+        lambda a, o, x, n, r, nb: floats.mv_float(o, a[0], x[0], n, r, nb),
+    )
+
+
+_SPECS: dict[T, _Spec] = {
+    T.Q4_0: _q4("Q4_0"),
+    T.Q4_1: _q4("Q4_1"),
+    T.Q5_0: _q5("Q5_0"),
+    T.Q5_1: _q5("Q5_1"),
+    T.Q8_0: _q8("Q8_0"),
+    T.Q2_K: _k(T.Q2_K, 84),
+    T.Q3_K: _k(T.Q3_K, 110),
+    T.Q4_K: _k(T.Q4_K, 144),
+    T.Q5_K: _k(T.Q5_K, 176),
+    T.Q6_K: _k(T.Q6_K, 210),
+    T.F16: _f(T.F16, 2, "f16"),
+    T.BF16: _f(T.BF16, 2, "bf16"),
+    T.F32: _f(T.F32, 4, "f32"),
+}
+
+SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
+_WIDENS_TO = {T.Q5_0: T.Q8_0}  # types whose rows convert exactly to another type's (to stack with them)
+
+
+def _raw_bytes(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
+    """``raw`` as flat bytes, checked to hold a ``rows`` x ``cols`` matrix of ``qtype`` (a supported type)."""
+    spec = _SPECS[qtype]
+    if cols % spec.block:
+        raise ValueError(f"{qtype.name} needs cols divisible by {spec.block}, got {cols}")
+    flat = np.asarray(raw).reshape(-1).view(np.uint8)
+    if flat.size != rows * cols // spec.block * spec.block_bytes:
+        raise ValueError(f"{flat.size} bytes do not hold a {rows}x{cols} {qtype.name} matrix")
+    return flat
+
+
+class ExactMatrix:
+    """A weight matrix ``W[rows, cols]`` in ggml type ``qtype`` whose products equal llama.cpp's bit for bit.
+
+    ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy view
+    of the GGUF mmap is fine). It is repacked at construction into tiles of 64 rows and not referenced
+    afterwards (Q4_*, Q5_*, Q8_0 and Q4_K keep about the raw size; Q5_0 stacked with Q8_0, or without AVX2,
+    is widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, F16/BF16 to f32)."""
 
     def __init__(self, raw: np.ndarray, qtype: T | int, rows: int, cols: int) -> None:
         self.qtype = T(qtype)
         if self.qtype not in _SPECS:
-            raise ValueError(f"no kernel for {self.qtype.name}")
+            raise ValueError(f"no exact kernel for {self.qtype.name}")
         spec = _SPECS[self.qtype]
-        if cols % spec.block:
-            raise ValueError(f"{self.qtype.name} needs cols divisible by {spec.block}, got {cols}")
-        flat = np.asarray(raw).reshape(-1).view(np.uint8)
-        if flat.size != rows * cols // spec.block * spec.block_bytes:
-            raise ValueError(f"{flat.size} bytes do not hold a {rows}x{cols} {self.qtype.name} matrix")
+        flat = _raw_bytes(raw, self.qtype, rows, cols)
         self.rows, self.cols = rows, cols
-        self.activation = spec.act
+        self.vec_dot_type = vec_dot_type(self.qtype)
         self._spec = spec
         self._nb = cols // spec.block
         self._arrays = spec.pack(flat.reshape(rows, -1), rows, cols)
@@ -194,17 +281,48 @@ class QuantMatrix:
         self._acts1 = Activations(cols, 1)  # matvec's own input buffers
 
     @classmethod
-    def from_gguf(cls, f: gguf_io.GGUFFile, name: str) -> QuantMatrix:
+    def from_gguf(cls, f: gguf_io.GGUFFile, name: str) -> ExactMatrix:
         """The 2-D tensor ``name`` of an open GGUF file (ggml shape (cols, rows): ne0 is the row length)."""
         info = f.tensors[name]
-        cols = info.shape[0]
-        rows = math.prod(info.shape[1:])
-        return cls(f.tensor_bytes(name), info.ggml_type, rows, cols)
+        return cls(f.tensor_bytes(name), info.ggml_type, math.prod(info.shape[1:]), info.shape[0])
+
+    @classmethod
+    def stacked(cls, parts: Sequence[tuple[np.ndarray, T | int, int]], cols: int) -> ExactMatrix | None:
+        """One matrix holding the rows of ``parts`` (``(raw, qtype, rows)`` each, ``cols`` columns) in order:
+        one kernel launch instead of several, with the same numbers (each output is its own row's product).
+        Parts stack when they have one type, or are Q5_0 and Q8_0 (the Q5_0 rows widened to Q8_0,
+        ``blocks32.q5_0_as_q8_0``); otherwise None."""
+        kinds = {T(q) for _, q, _ in parts}
+        if len(kinds) > 1:
+            kinds = {_WIDENS_TO.get(q, q) for q in kinds}
+        if len(kinds) != 1:
+            return None
+        qtype = kinds.pop()
+        flats = []
+        for raw, q, rows in parts:
+            flat = _raw_bytes(raw, T(q), rows, cols)
+            if T(q) != qtype:  # Q5_0 among Q8_0 parts
+                flat = blocks32.q5_0_as_q8_0(flat, rows, cols).reshape(-1)
+            flats.append(flat)
+        return cls(np.concatenate(flats), qtype, sum(rows for _, _, rows in parts), cols)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the (repacked) weights."""
+        """Bytes held by the repacked weights."""
         return sum(a.nbytes for a in self._arrays)
+
+    @property
+    def activation_format(self) -> str:
+        """The ``Activations`` format this matrix reads ("q8", "q8k", "f16", "bf16" or "f32")."""
+        return self._spec.fmt
+
+    def quantize_input(self, x: np.ndarray) -> Activations:
+        """``x`` ([cols] or [n, cols]) converted once to this matrix's vec_dot type, for reuse by every matrix
+        with the same input (any matrix accepts it; other formats are converted on first use)."""
+        x = np.asarray(x, np.float32)
+        acts = Activations(self.cols, 1 if x.ndim == 1 else x.shape[0]).set(x)
+        acts.converted(self._spec.fmt)
+        return acts
 
     def matvec(self, x: np.ndarray | Activations, out: np.ndarray | None = None) -> np.ndarray:
         """y[rows] = W @ x for x: [cols] f32 (or a one-token ``Activations``); writes ``out`` if given."""
@@ -212,57 +330,30 @@ class QuantMatrix:
             out = np.empty(self.rows, np.float32)
         elif out.shape != (self.rows,) or out.dtype != np.float32:
             raise ValueError(f"out must be float32 [{self.rows}], got {out.dtype} {out.shape}")
-        spec = self._spec
-        if spec.mv is None:
-            self.matmul(x, out.reshape(1, self.rows))
-            return out
-        # the decode hot path: no slicing or reshaping beyond the one view of out
         if isinstance(x, Activations):
             acts = x
             self._check_acts(acts)
         else:
-            acts = self._acts1.set(x)
-        xq, xd, xs = acts._quantized(spec.act)
-        spec.mv(self._arrays, out.reshape(1, self.rows), xq, xd, xs, 1, self.rows, self._nb)
+            acts = self._acts1.set(np.asarray(x, np.float32).reshape(self.cols))
+        self._spec.run(
+            self._arrays, out.reshape(1, self.rows), acts.converted(self._spec.fmt), 1, self.rows, self._nb
+        )
         return out
 
     def matmul(self, x: np.ndarray | Activations, out: np.ndarray | None = None) -> np.ndarray:
         """Y[n, rows] = X[n, cols] @ W.T for X f32 (or an ``Activations``); writes ``out`` if given."""
-        acts = x if isinstance(x, Activations) else None
-        if acts is not None:
+        if isinstance(x, Activations):
+            acts = x
             self._check_acts(acts)
-            xf = acts.x[: acts.n]
         else:
             xf = np.asarray(x, np.float32).reshape(-1, self.cols)
-        n = xf.shape[0]
+            acts = self._own_activations(xf)
+        n = acts.n
         if out is None:
             out = np.empty((n, self.rows), np.float32)
         elif out.shape != (n, self.rows) or out.dtype != np.float32:
             raise ValueError(f"out must be float32 [{n}, {self.rows}], got {out.dtype} {out.shape}")
-        if self.qtype == T.F32:
-            np.matmul(xf, self._arrays[0].T, out=out)
-        elif self._spec.act == "f32":
-            if n > BLAS_MIN_TOKENS:
-                self._matmul_blas(xf, out)
-            else:
-                floats.mv_f16(
-                    out,
-                    self._arrays[0],
-                    np.ascontiguousarray(xf),
-                    n,
-                    self.rows,
-                    self.cols,
-                    self.qtype == T.BF16,
-                )
-        elif n > BLAS_MIN_TOKENS:
-            self._matmul_blas(xf, out)
-        else:
-            if acts is None:
-                acts = self._own_activations(xf)
-            xq, xd, xs = acts._quantized(self._spec.act)
-            mv = self._spec.mv
-            assert mv is not None  # every quantized type has one
-            mv(self._arrays, out, xq, xd, xs, n, self.rows, self._nb)
+        self._spec.run(self._arrays, out, acts.converted(self._spec.fmt), n, self.rows, self._nb)
         return out
 
     def _check_acts(self, acts: Activations) -> None:
@@ -275,35 +366,3 @@ class QuantMatrix:
         if self._acts is None or self._acts.max_tokens < n:
             self._acts = Activations(self.cols, max(n, 1))
         return self._acts.set(xf)
-
-    def _matmul_blas(self, xf: np.ndarray, out: np.ndarray) -> None:
-        """Dequantize slabs of rows to f32 and let BLAS do ``X @ slab``."""
-        rows, cols = self.rows, self.cols
-        per = max(1, _SLAB_BYTES // (cols * 4 * TILE_ROWS))  # tiles per slab
-        if self._spec.deq is None:  # F16/BF16: slab is [m, cols] row-major
-            step = per * TILE_ROWS
-            for r0 in range(0, rows, step):
-                m = min(step, rows - r0)
-                w = _slab(m * cols).reshape(m, cols)
-                floats.deq_f16(w, self._arrays[0], r0, m, cols, self.qtype == T.BF16)
-                self._product(xf, w.T, out, r0, m)
-            return
-        g_all = n_tiles(rows)
-        for g0 in range(0, g_all, per):
-            ng = min(per, g_all - g0)
-            wt = _slab(cols * ng * TILE_ROWS).reshape(cols, ng * TILE_ROWS)
-            self._spec.deq(self._arrays, wt, g0, ng, self._nb)
-            r0 = g0 * TILE_ROWS
-            m = min(ng * TILE_ROWS, rows - r0)
-            self._product(xf, wt[:, :m], out, r0, m)
-
-    def _product(self, xf: np.ndarray, w: np.ndarray, out: np.ndarray, r0: int, m: int) -> None:
-        """out[:, r0:r0+m] = xf @ w. numpy only calls BLAS for a contiguous output, so a slab that is not
-        the whole output goes through a contiguous scratch (a strided ``out=`` fell back to a loop 30x
-        slower)."""
-        if m == self.rows:
-            np.matmul(xf, w, out=out)
-            return
-        res = _slab(xf.shape[0] * m, 1).reshape(xf.shape[0], m)
-        np.matmul(xf, w, out=res)
-        out[:, r0 : r0 + m] = res

@@ -31,7 +31,7 @@ from llvmlite import ir
 from numba import float32, int32, prange, types, uint64
 from numba.extending import intrinsic
 
-from ...cpu import cpu_has
+from ..cpu import cpu_has
 from ._tiles import TILE_ROWS
 from .kquants import _finish, _float_step, _min_sums
 

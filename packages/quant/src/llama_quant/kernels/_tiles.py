@@ -1,0 +1,43 @@
+"""The row-tile layout shared by the exact kernels.
+
+Weights are repacked at load into tiles of ``TILE_ROWS`` consecutive rows; inside a tile every per-row array
+is stored element-major, row-minor (``[..., element, row]``). The innermost loop of every kernel then runs
+over the rows of a tile with one broadcast activation value: contiguous and branch-free, so LLVM vectorizes
+it, and each row's float operations still happen one after the other in ggml's order (the vector lanes are
+rows, never parts of one row's sum). Rows past ``rows`` in the last tile are zero padding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["N_CHUNKS", "TILE_ROWS", "f16_field", "n_tiles", "row_minor", "tile_rows"]
+
+TILE_ROWS = 64  # rows per tile: 64 lanes of the innermost loop
+N_CHUNKS = 2  # prange chunks: one per core of the 2-core target
+
+
+def n_tiles(rows: int) -> int:
+    return (rows + TILE_ROWS - 1) // TILE_ROWS
+
+
+def tile_rows(a: np.ndarray, rows: int) -> np.ndarray:
+    """[rows, ...] -> [n_tiles, TILE_ROWS, ...], zero-padding the last tile."""
+    g = n_tiles(rows)
+    if g * TILE_ROWS == rows:
+        return a.reshape((g, TILE_ROWS, *a.shape[1:]))
+    out = np.zeros((g * TILE_ROWS, *a.shape[1:]), a.dtype)
+    out[:rows] = a
+    return out.reshape((g, TILE_ROWS, *a.shape[1:]))
+
+
+def row_minor(a: np.ndarray) -> np.ndarray:
+    """[G, TILE_ROWS, e1, e2, ...] -> contiguous [G, e1*e2*...*TILE_ROWS] with the row index innermost."""
+    g = a.shape[0]
+    perm = (0, *range(2, a.ndim), 1)
+    return np.ascontiguousarray(a.transpose(perm)).reshape(g, -1)
+
+
+def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The little-endian f16 at byte ``offset`` of every block, as f32."""
+    return blocks[..., offset : offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
