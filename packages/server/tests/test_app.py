@@ -182,3 +182,36 @@ def test_keepalive_ping_and_event_bridge(tokenizer):
     assert items[0] is None  # a keep-alive before the first token
     events = [ev for item in items if item is not None for ev in [item[1]]]
     assert isinstance(events[0], TokenEvent) and isinstance(events[1], FinalEvent)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "Request body is empty: a JSON object is expected"),
+        (b"{prompt: hi", "Invalid JSON: JSON is malformed: object keys must be strings (byte 1)"),
+        (b"[1, 2]", "Invalid request: Expected `object`, got `array` - at `$`"),
+        (b'{"n_predict": -5}', "Invalid request: Expected `int` >= -1 - at `$.n_predict`"),
+        (b'{"stop": [1]}', "Invalid request: Expected `str`, got `int` - at `$.stop[0]`"),
+        (b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "Invalid JSON: nested too deeply"),
+    ],
+)
+def test_body_errors_have_the_error_shape(tokenizer, body, message):
+    """Litestar decodes `data:` bodies; its errors are answered in the reference's shape, with the path."""
+    with _client(ServerConfig(model="m.gguf"), FullEngine(tokenizer)) as c:
+        r = c.post("/completion", content=body, headers={"Content-Type": "application/json"})
+        assert r.json() == {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}
+
+
+def test_body_size_limit_applies_before_decoding(tokenizer):
+    with _client(ServerConfig(model="m.gguf", max_body_bytes=1000), FullEngine(tokenizer)) as c:
+        r = c.post("/tokenize", content=b'{"content": "' + b"a" * 2000 + b'"}')
+        assert_error(r, 413)
+
+
+def test_draining_refuses_new_requests(tokenizer):
+    state = ServerState(ServerConfig(model="m.gguf"), engine=FullEngine(tokenizer))
+    with TestClient(create_app(state)) as c:
+        assert c.get("/health").status_code == 200
+        state.begin_drain()
+        err = assert_error(c.get("/health"), 503, "unavailable_error")
+        assert err["message"] == "the server is shutting down"

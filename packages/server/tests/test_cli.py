@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from conftest import smollm2_path
 
+from llama_server import cli
 from llama_server.cli import main
 
 
 @pytest.fixture
 def captured(monkeypatch):
+    """What `main` would serve: the app, its state and uvicorn's options (nothing listens)."""
     seen: dict = {}
 
-    def fake_run(app, **kw):
-        seen["app"] = app
-        seen.update(kw)
+    def fake_serve(app, state, **kw):
+        seen.update(app=app, state=state, **kw)
 
-    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr(cli, "serve", fake_serve)
     return seen
 
 
 def _cfg(seen):
-    return seen["app"].state.server.config
+    assert seen["app"].state.server is seen["state"]  # the app create_app built for that state
+    return seen["state"].config
 
 
 def test_help():

@@ -10,8 +10,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import start_server, stop_server
 
-from llama_server.bridge import IOTimeouts
+from llama_server import cli
 from llama_server.cli import main
+from llama_server.middleware import IOTimeouts
 
 
 async def _echo_app(scope, receive, send) -> None:
@@ -84,24 +85,27 @@ def test_zero_means_no_limit():
 
 @pytest.fixture
 def captured(monkeypatch):
-    import uvicorn
-
     seen: dict = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr(cli, "serve", lambda app, state, **kw: seen.update(app=app, **kw))
     return seen
 
 
-@pytest.mark.parametrize(
-    ("args", "env", "expected"),
-    [([], {}, 3600), (["-to", "7"], {}, 7), (["--timeout", "8"], {}, 8), ([], {"LLAMA_ARG_TIMEOUT": "9"}, 9),
-     (["-to", "5"], {"LLAMA_ARG_TIMEOUT": "9"}, 5)],
-)  # fmt: skip
-def test_option_parses_and_wraps_the_app(captured, args, env, expected):
+TIMEOUT_FLAGS = [
+    ([], {}, 3600),
+    (["-to", "7"], {}, 7),
+    (["--timeout", "8"], {}, 8),
+    ([], {"LLAMA_ARG_TIMEOUT": "9"}, 9),
+    (["-to", "5"], {"LLAMA_ARG_TIMEOUT": "9"}, 5),
+]
+
+
+@pytest.mark.parametrize(("args", "env", "expected"), TIMEOUT_FLAGS)
+def test_option_parses_and_create_app_wraps_it(captured, args, env, expected):
     r = CliRunner().invoke(main, args, env=env)
     assert r.exit_code == 0, r.output
-    app = captured["app"]
-    assert isinstance(app, IOTimeouts) and app.seconds == expected
-    assert app.state.server.config.timeout == expected  # the wrapper is transparent
+    app = captured["app"]  # the Litestar app create_app built, timeouts outermost around its router
+    assert isinstance(app.asgi_handler, IOTimeouts) and app.asgi_handler.seconds == expected
+    assert app.state.server.config.timeout == expected
 
 
 def test_real_server_times_out_a_stalled_body(tmp_path):

@@ -1,7 +1,14 @@
-"""`create_app(state)`: the Litestar application (one Controller per resource group)."""
+"""`create_app(state)`: the whole application that ships, the one `llama-server` serves.
+
+One Controller per resource group; handlers get the shared `ServerState` by dependency injection
+(`state: ServerState`) and their bodies as msgspec Structs (`data: <Struct>`), decoded by Litestar after the
+body size limit. Around the router: the edge (CORS, readiness, API key, `Server` header) and, outermost,
+the `--timeout` read and write limits. Every error is answered in the reference's JSON error shape.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import mimetypes
 from collections.abc import AsyncIterator
@@ -10,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from litestar import Litestar, Request, Response, get
-from litestar.exceptions import HTTPException, NotFoundException
+from litestar.di import Provide
+from litestar.exceptions import (
+    HTTPException,
+    NotFoundException,
+    SerializationException,
+    ValidationException,
+)
 from litestar.response import File
 from litestar.static_files import create_static_files_router
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
@@ -20,7 +33,7 @@ import llama_webui
 from .config import ServerConfig
 from .controllers import CONTROLLERS
 from .errors import ApiError, error_body
-from .middleware import EdgeMiddleware
+from .middleware import EdgeMiddleware, IOTimeouts
 from .state import ServerState
 
 __all__ = ["create_app"]
@@ -41,18 +54,43 @@ def _not_found(_: Request, exc: NotFoundException) -> Response:
     )
 
 
+_KINDS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+def _json_error(code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    kind = _KINDS.get(code, "invalid_request_error" if code < 500 else "server_error")
+    return Response(error_body(code, message, kind), status_code=code, media_type=JSON, headers=headers)
+
+
 def _http_error(_: Request, exc: HTTPException) -> Response:
     code = exc.status_code
-    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 501: "not_supported_error",
-            503: "unavailable_error"}.get(code, "invalid_request_error" if code < 500 else "server_error")  # fmt: skip
-    message = exc.detail
+    message = str(exc.detail)
     if code == 413:
         message = "Request body is too large"
     elif code == 405:
         message = "Method Not Allowed"
-    return Response(
-        error_body(code, str(message), kind), status_code=code, media_type=JSON, headers=exc.headers
-    )
+    elif code == 400 and isinstance(exc.__cause__, SerializationException):
+        message = f"Invalid JSON: {exc.detail}"  # the body is not JSON (Litestar's decoding)
+    return _json_error(code, message, exc.headers)
+
+
+def _validation_error(_: Request, exc: ValidationException) -> Response:
+    """A body that does not match its Struct: msgspec's message, with the path inside the body."""
+    cause = str(exc.__cause__ or exc.detail)
+    if "missing required field `data`" in cause:  # no body at all
+        return _json_error(400, "Request body is empty: a JSON object is expected")
+    return _json_error(400, "Invalid request: " + cause.replace("`$.data.", "`$.").replace("`$.data`", "`$`"))
+
+
+def _too_deep(_: Request, exc: RecursionError) -> Response:
+    # only a request body nests deeply enough to exhaust the stack (decoding it)
+    return _json_error(400, "Invalid JSON: nested too deeply")
 
 
 def _internal_error(_: Request, exc: Exception) -> Response:
@@ -115,8 +153,9 @@ def _webui(config: ServerConfig) -> tuple[list[Any], frozenset[str]]:
 
 
 def create_app(state: ServerState | ServerConfig) -> Litestar:
-    """The app for one model. Its lifespan loads the model in the background (the server answers 503
-    `Loading model` until the engine is warmed up) and stops the engine on shutdown."""
+    """The app for one model, with everything `llama-server` serves it with. Its lifespan loads the model
+    in the background (the server answers 503 `Loading model` until the engine is warmed up) and stops the
+    engine on shutdown; `state.begin_drain()` ends the open streams first (the CLI calls it on SIGTERM)."""
     if isinstance(state, ServerConfig):
         state = ServerState(state)
     st: ServerState = state
@@ -124,6 +163,7 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        st.loop = asyncio.get_running_loop()
         st.start_loading()
         try:
             yield
@@ -133,11 +173,13 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
     app = Litestar(
         route_handlers=[*CONTROLLERS, *webui_routes],
         lifespan=[lifespan],
-        dependencies={},
+        dependencies={"server": Provide(lambda: st, use_cache=True, sync_to_thread=False)},
         exception_handlers={
             ApiError: _api_error,
             NotFoundException: _not_found,
+            ValidationException: _validation_error,
             HTTPException: _http_error,
+            RecursionError: _too_deep,
             Exception: _internal_error,
         },
         request_max_body_size=st.config.max_body_bytes,
@@ -147,10 +189,7 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
         debug=False,
     )
     app.state.server = st
-    # outermost: CORS, readiness, API key and the Server header cover every path, even unknown ones
-    app.asgi_handler = EdgeMiddleware(app.asgi_handler, st, webui_files)
+    # around the router: CORS, readiness, API key and the Server header cover every path, even unknown
+    # ones; outermost, the read and write timeouts cover the whole exchange
+    app.asgi_handler = IOTimeouts(EdgeMiddleware(app.asgi_handler, st, webui_files), st.config.timeout)
     return app
-
-
-def server_state(request: Request[Any, Any, Any]) -> ServerState:
-    return request.app.state.server

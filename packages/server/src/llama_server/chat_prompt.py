@@ -1,58 +1,24 @@
-"""Chat request bodies (OpenAI shape), their validation, and the prompt they render to."""
+"""Chat requests (OpenAI shape): their validation, and the prompt they render to.
+
+`render_chat` checks the messages on the event loop, then renders the template and tokenizes in the
+state's worker pool (templates are untrusted code, bounded in time and output size by `template`).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
+from llama_engine.tokenizer import Tokenizer
+
 from .errors import ApiError
-from .params import MAX_N_PROBS, GenParams
-from .prompts import check_text_size
+from .prompts import check_request_chars, check_text_size
+from .schemas import ChatBody, ContentPart, Message
 from .state import ServerState
-from .template import TemplateError
+from .template import ChatTemplate, TemplateError
 
-__all__ = ["ChatBody", "ContentPart", "Message", "PromptResult", "build_chat_prompt"]
-
-MAX_MESSAGES = 4096
-
-
-class ContentPart(msgspec.Struct, kw_only=True):
-    type: str
-    text: str | None = None
-    image_url: Any = None
-    input_audio: Any = None
-    input_video: Any = None
-    video_url: Any = None
-
-
-class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: Annotated[str, msgspec.Meta(max_length=64)]
-    content: str | Annotated[list[ContentPart], msgspec.Meta(max_length=256)] | None = None
-    tool_calls: Annotated[list[Any], msgspec.Meta(max_length=256)] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-    reasoning_content: str | None = None
-
-
-class ResponseFormat(msgspec.Struct, kw_only=True):
-    type: str
-    json_schema: Any = None
-    schema: Any = None
-
-
-class ChatBody(GenParams, kw_only=True):
-    messages: Annotated[list[Message], msgspec.Meta(max_length=MAX_MESSAGES)] | None = None
-    tools: Annotated[list[Any], msgspec.Meta(max_length=512)] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool | str | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_N_PROBS)] | None = None
+__all__ = ["ChatBody", "ContentPart", "Message", "PromptResult", "build_chat_prompt", "render_chat"]
 
 
 class PromptResult(msgspec.Struct):
@@ -128,19 +94,23 @@ def validate_chat(body: ChatBody, jinja: bool) -> list[dict[str, Any]]:
     return out
 
 
-def build_chat_prompt(st: ServerState, body: ChatBody) -> PromptResult:
-    """Render the chat template and tokenize: template text with special-token parsing, the messages' text
-    without (a user cannot write control tokens)."""
+class _Plan(msgspec.Struct):
+    """What rendering needs, decided on the event loop from the request."""
+
+    messages: list[dict[str, Any]]
+    add_generation_prompt: bool
+    tools: list[Any] | None
+    kwargs: dict[str, Any]
+    prefill: bool
+
+
+def _plan(st: ServerState, body: ChatBody) -> _Plan:
+    """Validate the request and its size (before any rendering) and settle the template's inputs."""
     engine = st.require_engine()
-    tok = engine.tokenizer
-    template = st.template
-    assert template is not None
     messages = validate_chat(body, st.config.jinja)
-    check_text_size(
-        sum(len(m["content"]) + len(m.get("reasoning_content") or "") for m in messages),
-        tok,
-        engine.n_ctx_slot,
-    )
+    n_chars = sum(len(m["content"]) + len(m.get("reasoning_content") or "") for m in messages)
+    check_request_chars(n_chars, '"messages"')
+    check_text_size(n_chars, engine.tokenizer, engine.n_ctx_slot)
     prefill = bool(messages) and messages[-1]["role"] == "assistant" and st.config.prefill_assistant
     if prefill and body.add_generation_prompt is True and body.continue_final_message:
         raise ApiError("Cannot set both add_generation_prompt and continue_final_message to true.")
@@ -154,11 +124,18 @@ def build_chat_prompt(st: ServerState, body: ChatBody) -> PromptResult:
         else:
             kwargs["reasoning_effort"] = body.reasoning_effort
     tools = body.tools if body.tool_choice != "none" else None
+    return _Plan(messages, add_gen, tools, kwargs, prefill)
+
+
+def _render(template: ChatTemplate, tok: Tokenizer, plan: _Plan) -> PromptResult:
+    """Render the chat template and tokenize: template text with special-token parsing, the messages' text
+    without (a user cannot write control tokens)."""
+    messages = plan.messages
     try:
-        segments = template.render_segments(messages, add_gen, tools, kwargs)
+        segments = template.render_segments(messages, plan.add_generation_prompt, plan.tools, plan.kwargs)
     except TemplateError as e:
         raise ApiError(str(e)) from e
-    if prefill:
+    if plan.prefill:
         # continue the last assistant message: cut the template text after its content
         last_user = max((i for i, (_, user) in enumerate(segments) if user), default=-1)
         if last_user >= 0 and messages[-1]["content"]:
@@ -172,4 +149,17 @@ def build_chat_prompt(st: ServerState, body: ChatBody) -> PromptResult:
             segments[0] = (segments[0][0][len(bos_text) :], False)
     for piece, user in segments:
         tokens.extend(tok.encode(piece, add_special=False, parse_special=not user))
-    return PromptResult(text, tokens, prefill)
+    return PromptResult(text, tokens, plan.prefill)
+
+
+async def render_chat(st: ServerState, body: ChatBody) -> PromptResult:
+    """The request's prompt: checked on the event loop, rendered and tokenized in the worker pool."""
+    plan = _plan(st, body)
+    assert st.template is not None
+    return await st.offload(_render, st.template, st.require_engine().tokenizer, plan)
+
+
+def build_chat_prompt(st: ServerState, body: ChatBody) -> PromptResult:
+    """The request's prompt, rendered and tokenized on the calling thread (same checks as `render_chat`)."""
+    assert st.template is not None
+    return _render(st.template, st.require_engine().tokenizer, _plan(st, body))

@@ -2,7 +2,10 @@
 
 A command-line flag wins over its environment variable. Flags of llama.cpp's server that mean nothing
 here (GPU offload, flash attention, NUMA, mlock, ...) are accepted with a one-line notice; unknown flags
-are errors.
+are errors. This module only parses flags: `create_app` builds the app, `serve` runs it under uvicorn.
+
+SIGTERM (and Ctrl-C) drains: uvicorn stops accepting connections, every open stream ends with a final
+error event, then the process exits (status 0 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -23,10 +28,10 @@ from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
 
-__all__ = ["build_config", "main"]
+__all__ = ["build_config", "main", "serve"]
 
-_BOOL = {"true": True, "1": True, "on": True, "enabled": True, "false": False, "0": False, "off": False,
-         "disabled": False}  # fmt: skip
+_TRUE, _FALSE = ("true", "1", "on", "enabled"), ("false", "0", "off", "disabled")
+_BOOL = dict.fromkeys(_TRUE, True) | dict.fromkeys(_FALSE, False)
 
 # (option names, takes a value) of llama.cpp flags that have no meaning for this server
 IGNORED: list[tuple[tuple[str, ...], bool]] = [
@@ -383,10 +388,7 @@ def _setup_logging(kw: dict[str, Any]) -> str:
 @_opts
 def main(**kw: Any) -> None:
     """Serve a GGUF model over HTTP: llama.cpp's native API plus OpenAI- and Anthropic-compatible routes."""
-    import uvicorn
-
     from .app import create_app
-    from .bridge import IOTimeouts
     from .state import ServerState
 
     cfg = build_config(kw)
@@ -395,7 +397,8 @@ def main(**kw: Any) -> None:
     if cfg.port == 0 and not cfg.host.endswith(".sock"):  # pick a free port, and report the real one
         sock = socket.create_server((cfg.host, 0))
         cfg = dataclasses.replace(cfg, port=sock.getsockname()[1])
-    app = IOTimeouts(create_app(ServerState(cfg, exit_on_load_error=True)), cfg.timeout)
+    state = ServerState(cfg, exit_on_load_error=True)
+    app = create_app(state)
     click.echo(
         f"llama-server: loading {cfg.model} (slots: {cfg.n_parallel}, ctx: {cfg.n_ctx or 'model'})", err=True
     )
@@ -403,15 +406,31 @@ def main(**kw: Any) -> None:
     where: dict[str, Any] = (
         {"fd": sock.fileno()} if sock is not None else {"host": cfg.host, "port": cfg.port, "uds": uds}
     )
-    uvicorn.run(
+    serve(
         app,
+        state,
         **where,
         log_level="warning" if log_level == "info" else log_level,
         ssl_keyfile=kw["ssl_key_file"],
         ssl_certfile=kw["ssl_cert_file"],
-        timeout_graceful_shutdown=5,
-        server_header=False,
     )
+
+
+def serve(app: Any, state: Any, **uvicorn_options: Any) -> None:
+    """Run `app` under uvicorn until SIGTERM or SIGINT, draining `state`'s open streams first."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            state.begin_drain()
+            if sig == signal.SIGTERM and not self.should_exit:
+                # a drained shutdown is a normal exit: uvicorn would raise the signal again once done
+                self.should_exit = True
+                return
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, timeout_graceful_shutdown=5, server_header=False, **uvicorn_options)
+    DrainingServer(config).run()
 
 
 def _samplers_kw(samplers: tuple[str, ...] | None) -> dict[str, Any]:

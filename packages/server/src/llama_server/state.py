@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 from llama_engine import Engine, EngineConfig, FinalEvent
 
@@ -16,11 +20,22 @@ from .config import ServerConfig
 from .prompts import max_piece_chars
 from .template import BUILTIN_TEMPLATES, CHATML, ChatTemplate
 
-__all__ = ["Metrics", "ServerState", "SlotRecord"]
+__all__ = ["DRAIN_MESSAGE", "TEXT_WORKERS", "Drainable", "Metrics", "ServerState", "SlotRecord"]
 
 log = logging.getLogger("llama_server")
 
 BUILD_INFO = "b0-llamapy"
+DRAIN_MESSAGE = "the server is shutting down"
+# Threads that tokenize and render templates. The tokenizer is pure Python and holds the GIL, so more threads
+# would not tokenize faster; two let one long request run without queueing every other behind it.
+TEXT_WORKERS = 2
+T = TypeVar("T")
+
+
+class Drainable(Protocol):
+    """An open response that can be told to end (SIGTERM): it sends its final error event and returns."""
+
+    def drain(self, message: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -78,7 +93,11 @@ class ServerState:
     next_task: int = 0
     ready: threading.Event = field(default_factory=threading.Event)
     exit_on_load_error: bool = False
+    draining: bool = False
+    streams: set[Drainable] = field(default_factory=set)  # open responses, told to end on SIGTERM
+    loop: asyncio.AbstractEventLoop | None = None  # the app's event loop, set when it starts serving
     _loader: threading.Thread | None = None
+    _pool: ThreadPoolExecutor | None = None
 
     @property
     def model_name(self) -> str:
@@ -94,6 +113,30 @@ class ServerState:
         if self.engine is None:
             raise ApiError("Loading model", "unavailable_error")
         return self.engine
+
+    async def offload(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in the text worker pool (tokenizing, template rendering), awaited: the event
+        loop keeps serving meanwhile. Cancelling the await drops the call (not run yet) or its result."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="llama-server-text")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args, **kwargs))
+
+    # -- shutting down ---------------------------------------------------------------------------------
+
+    def begin_drain(self, message: str = DRAIN_MESSAGE) -> None:
+        """Stop taking requests and end every open response in `streams` with a final error event. Safe
+        to call from any thread and from a signal handler: the responses are told on the event loop."""
+        self.draining = True
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._drain_streams, message)
+
+    def _drain_streams(self, message: str) -> None:
+        for stream in list(self.streams):
+            try:
+                stream.drain(message)
+            except Exception:  # one response failing to end must not keep the others open
+                log.exception("ending a response on shutdown failed")
 
     # -- loading ---------------------------------------------------------------------------------------
 
@@ -159,6 +202,9 @@ class ServerState:
         return ChatTemplate(source, bos, eos)
 
     def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
@@ -183,8 +229,21 @@ class ServerState:
         }
 
 
-_FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 12: "Q3_K_M",
-           15: "Q4_K_M", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}  # fmt: skip
+_FTYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    12: "Q3_K_M",
+    15: "Q4_K_M",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    32: "BF16",
+}
 
 
 def _ftype_name(ft: int | None) -> str:

@@ -1,20 +1,37 @@
-"""Helpers shared by the controllers: the server state, bodies, generation settings."""
+"""Helpers shared by the controllers: JSON responses, generation settings."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar
 
+import msgspec
 from litestar import Request, Response
+from litestar.di import NamedDependency
 
 from llama_engine import GenerationRequest
 
-from ..params import decode_body
+from ..bridge import until_disconnect
+from ..errors import ApiError
 from ..sse import encode
 from ..state import BUILD_INFO, ServerState
 
-__all__ = ["BUILD_INFO", "generation_settings", "json_response", "now", "read_body", "server_state"]
+__all__ = [
+    "BUILD_INFO",
+    "SharedState",
+    "generation_settings",
+    "json_response",
+    "now",
+    "read_body",
+    "server_state",
+    "unless_disconnected",
+]
+
+T = TypeVar("T")
+
+SharedState = NamedDependency[ServerState]
+"""A handler parameter `server: SharedState` receives the app's ServerState (the `server` dependency)."""
 
 JSON = "application/json; charset=utf-8"
 
@@ -25,7 +42,28 @@ def server_state(request: Request[Any, Any, Any]) -> ServerState:
 
 async def read_body(request: Request[Any, Any, Any], cls: type[Any]) -> Any:
     """The JSON body decoded into `cls` (every problem is a 400; a body over the size limit a 413)."""
-    return decode_body(await request.body(), cls)
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError("Request body is empty: a JSON object is expected")
+    try:
+        return msgspec.json.decode(raw, type=cls)
+    except msgspec.ValidationError as e:
+        raise ApiError(f"Invalid request: {e}") from e
+    except msgspec.DecodeError as e:
+        raise ApiError(f"Invalid JSON: {e}") from e
+    except RecursionError as e:
+        raise ApiError("Invalid JSON: nested too deeply") from e
+
+
+class _NoEngineWork:
+    def cancel(self) -> None:  # nothing is queued on the engine: dropping the awaited work is enough
+        pass
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Await work that holds no engine request (tokenizing, rendering off the loop); a client that goes
+    away meanwhile cancels it (work not started is dropped, a running call's result is discarded)."""
+    return await until_disconnect(request.receive, work, _NoEngineWork())
 
 
 def json_response(obj: Any, status: int = 200) -> Response[bytes]:
@@ -97,7 +135,17 @@ def generation_settings(
         "lora": [],
     }
     if not full:
-        for key in ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy", "grammar_triggers",
-                    "preserved_tokens"):  # fmt: skip
+        for key in _LIST_SETTINGS:
             del out[key]
     return out
+
+
+_LIST_SETTINGS = (
+    "dry_sequence_breakers",
+    "stop",
+    "logit_bias",
+    "grammar",
+    "grammar_lazy",
+    "grammar_triggers",
+    "preserved_tokens",
+)

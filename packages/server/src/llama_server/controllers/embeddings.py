@@ -6,26 +6,20 @@ import asyncio
 import base64
 from typing import Any
 
-import msgspec
 import numpy as np
 from litestar import Controller, Request, Response, post
+from litestar.params import JSONBody
 
 from llama_engine import EmbeddingRequest, Pooling
 
 from ..bridge import until_disconnect
 from ..errors import ApiError
-from ..prompts import tokenize_prompts
-from ._common import json_response, read_body, server_state
+from ..prompts import tokenize_request
+from ..schemas import EmbeddingBody
+from ..state import ServerState
+from ._common import SharedState, json_response, unless_disconnected
 
 __all__ = ["EmbeddingsController"]
-
-
-class EmbeddingBody(msgspec.Struct, kw_only=True):
-    input: Any = None
-    content: Any = None
-    encoding_format: str | None = None
-    embd_normalize: int | None = msgspec.field(default=None)
-    model: str | None = None
 
 
 def _flatten_content(item: Any) -> Any:
@@ -56,9 +50,8 @@ def _flatten_content(item: Any) -> Any:
 
 class EmbeddingsController(Controller):
     async def _embed(
-        self, request: Request, body: EmbeddingBody, field: str
+        self, request: Request, st: ServerState, body: EmbeddingBody, field: str
     ) -> tuple[list[np.ndarray], int, Pooling]:
-        st = server_state(request)
         if not st.config.embeddings:
             raise ApiError(
                 "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error"
@@ -70,7 +63,7 @@ class EmbeddingsController(Controller):
         if isinstance(value, bool) or not isinstance(value, str | list | dict):
             raise ApiError(f'"{field}" must be a string, a list of tokens, or a list of inputs')
         value = [_flatten_content(v) for v in value] if isinstance(value, list) else _flatten_content(value)
-        prompts = tokenize_prompts(value, engine.tokenizer, field, n_ctx=engine.n_ctx_slot)
+        prompts = await unless_disconnected(request, tokenize_request(st, value, field))
         pooling = Pooling[(st.config.pooling or "mean").upper()]
         normalize = body.embd_normalize if body.embd_normalize is not None else st.config.embd_normalize
         if not -1 <= normalize <= 64:
@@ -98,41 +91,40 @@ class EmbeddingsController(Controller):
         return out, n_tokens, pooling
 
     @post("/v1/embeddings", status_code=200)
-    async def openai(self, request: Request) -> Response:
-        body: EmbeddingBody = await read_body(request, EmbeddingBody)
-        if body.input is None and body.content is not None:
-            return await self._native(request, body)
-        fmt = body.encoding_format or "float"
+    async def openai(self, request: Request, server: SharedState, data: JSONBody[EmbeddingBody]) -> Response:
+        if data.input is None and data.content is not None:
+            return await self._native(request, server, data)
+        fmt = data.encoding_format or "float"
         if fmt not in ("float", "base64"):
             raise ApiError('encoding_format must be "float" or "base64"')
-        if server_state(request).config.pooling == "none":
+        if server.config.pooling == "none":
             raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
-        vectors, n_tokens, _ = await self._embed(request, body, "input")
-        data = []
-        for i, v in enumerate(vectors):
-            if fmt == "base64":
-                data.append({"embedding": base64.b64encode(v.astype("<f4").tobytes()).decode(), "index": i,
-                             "object": "embedding", "encoding_format": "base64"})  # fmt: skip
-            else:
-                data.append({"embedding": v.tolist(), "index": i, "object": "embedding"})
-        st = server_state(request)
+        vectors, n_tokens, _ = await self._embed(request, server, data, "input")
         return json_response(
             {
-                "model": body.model or st.model_name,
+                "model": data.model or server.model_name,
                 "object": "list",
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-                "data": data,
+                "data": [_openai_item(i, v, fmt) for i, v in enumerate(vectors)],
             }
         )
 
     @post(["/embedding", "/embeddings"], status_code=200)
-    async def native(self, request: Request) -> Response:
-        return await self._native(request, await read_body(request, EmbeddingBody))
+    async def native(self, request: Request, server: SharedState, data: JSONBody[EmbeddingBody]) -> Response:
+        return await self._native(request, server, data)
 
-    async def _native(self, request: Request, body: EmbeddingBody) -> Response:
-        vectors, _, pooling = await self._embed(request, body, "content" if body.input is None else "input")
+    async def _native(self, request: Request, st: ServerState, body: EmbeddingBody) -> Response:
+        field = "content" if body.input is None else "input"
+        vectors, _, pooling = await self._embed(request, st, body, field)
         out = []
         for i, v in enumerate(vectors):
             rows = v.tolist() if pooling == Pooling.NONE else [v.tolist()]
             out.append({"index": i, "embedding": rows})
         return json_response(out)
+
+
+def _openai_item(index: int, v: np.ndarray, fmt: str) -> dict[str, Any]:
+    if fmt == "base64":
+        b64 = base64.b64encode(v.astype("<f4").tobytes()).decode()
+        return {"embedding": b64, "index": index, "object": "embedding", "encoding_format": "base64"}
+    return {"embedding": v.tolist(), "index": index, "object": "embedding"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Response, get
 
 from ._common import json_response
 
@@ -11,5 +11,5 @@ __all__ = ["HealthController"]
 
 class HealthController(Controller):
     @get(["/health", "/v1/health"])
-    async def health(self, request: Request) -> Response:
+    async def health(self) -> Response:
         return json_response({"status": "ok"})

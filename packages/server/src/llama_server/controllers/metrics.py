@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Response, get
 
 from ..errors import ApiError
-from ._common import server_state
+from ._common import SharedState
 
 __all__ = ["MetricsController"]
 
@@ -14,10 +14,30 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"  # C++ default stream formatting: 6 significant digits
 
 
+# name: (kind, help text), in llama.cpp's order
+_METRICS = {
+    "prompt_tokens_total": ("counter", "Number of prompt tokens processed."),
+    "prompt_tokens_cached_total": ("counter", "Number of prompt tokens reused from the cache."),
+    "prompt_seconds_total": ("counter", "Prompt process time"),
+    "tokens_predicted_total": ("counter", "Number of generation tokens processed."),
+    "tokens_predicted_seconds_total": ("counter", "Predict process time"),
+    "n_decode_total": ("counter", "Total number of llama_decode() calls"),
+    "n_tokens_max": ("counter", "Largest observed n_tokens."),
+    "spec_decode_num_draft_tokens_total": ("counter", "Number of drafted tokens."),
+    "spec_decode_num_accepted_tokens_total": ("counter", "Number of accepted drafted tokens."),
+    "spec_decode_num_drafts_total": ("counter", "Number of speculative verification steps."),
+    "prompt_tokens_seconds": ("gauge", "Average prompt throughput in tokens/s."),
+    "predicted_tokens_seconds": ("gauge", "Average generation throughput in tokens/s."),
+    "requests_processing": ("gauge", "Number of requests processing."),
+    "requests_deferred": ("gauge", "Number of requests deferred."),
+    "n_busy_slots_per_decode": ("gauge", "Average number of busy slots per llama_decode() call"),
+}
+
+
 class MetricsController(Controller):
     @get("/metrics")
-    async def metrics(self, request: Request) -> Response:
-        st = server_state(request)
+    async def metrics(self, server: SharedState) -> Response:
+        st = server
         if not st.config.endpoint_metrics:
             raise ApiError(
                 "This server does not support metrics endpoint. Start it with `--metrics`",
@@ -32,27 +52,26 @@ class MetricsController(Controller):
         )
         m.window_prompt_tokens = m.window_predicted_tokens = 0
         m.window_prompt_seconds = m.window_predicted_seconds = 0.0
-        rows = [
-            ("counter", "prompt_tokens_total", "Number of prompt tokens processed.", m.prompt_tokens_total),
-            ("counter", "prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.",
-             m.prompt_tokens_cached_total),
-            ("counter", "prompt_seconds_total", "Prompt process time", m.prompt_seconds_total),
-            ("counter", "tokens_predicted_total", "Number of generation tokens processed.", m.tokens_predicted_total),
-            ("counter", "tokens_predicted_seconds_total", "Predict process time", m.tokens_predicted_seconds_total),
-            ("counter", "n_decode_total", "Total number of llama_decode() calls", engine.steps),
-            ("counter", "n_tokens_max", "Largest observed n_tokens.", m.n_tokens_max),
-            ("counter", "spec_decode_num_draft_tokens_total", "Number of drafted tokens.", 0),
-            ("counter", "spec_decode_num_accepted_tokens_total", "Number of accepted drafted tokens.", 0),
-            ("counter", "spec_decode_num_drafts_total", "Number of speculative verification steps.", 0),
-            ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", prompt_rate),
-            ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.", gen_rate),
-            ("gauge", "requests_processing", "Number of requests processing.", busy),
-            ("gauge", "requests_deferred", "Number of requests deferred.", engine.n_waiting),
-            ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-             busy),
-        ]  # fmt: skip
+        values = {
+            "prompt_tokens_total": m.prompt_tokens_total,
+            "prompt_tokens_cached_total": m.prompt_tokens_cached_total,
+            "prompt_seconds_total": m.prompt_seconds_total,
+            "tokens_predicted_total": m.tokens_predicted_total,
+            "tokens_predicted_seconds_total": m.tokens_predicted_seconds_total,
+            "n_decode_total": engine.steps,
+            "n_tokens_max": m.n_tokens_max,
+            "spec_decode_num_draft_tokens_total": 0,
+            "spec_decode_num_accepted_tokens_total": 0,
+            "spec_decode_num_drafts_total": 0,
+            "prompt_tokens_seconds": prompt_rate,
+            "predicted_tokens_seconds": gen_rate,
+            "requests_processing": busy,
+            "requests_deferred": engine.n_waiting,
+            "n_busy_slots_per_decode": busy,
+        }
         lines = []
-        for kind, name, help_text, value in rows:
+        for name, value in values.items():
+            kind, help_text = _METRICS[name]
             lines += [
                 f"# HELP llamacpp:{name} {help_text}",
                 f"# TYPE llamacpp:{name} {kind}",

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Response, get
 
-from ._common import json_response, server_state
+from ._common import SharedState, json_response
 
 __all__ = ["ModelsController"]
 
 
 class ModelsController(Controller):
     @get(["/v1/models", "/models"])
-    async def models(self, request: Request) -> Response:
-        st = server_state(request)
+    async def models(self, server: SharedState) -> Response:
+        st = server
         name = st.model_name
         return json_response(
             {

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import secrets
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Response, get, post
 
 from llama_engine import GenerationRequest
 
 from ..errors import ApiError
-from ._common import BUILD_INFO, generation_settings, json_response, server_state
+from ._common import BUILD_INFO, SharedState, generation_settings, json_response
 
 __all__ = ["PropsController"]
 
@@ -19,8 +19,8 @@ MEDIA_MARKER = os.environ.get("LLAMA_MEDIA_MARKER") or f"<__media_{secrets.token
 
 class PropsController(Controller):
     @get("/props")
-    async def get_props(self, request: Request) -> Response:
-        st = server_state(request)
+    async def get_props(self, server: SharedState) -> Response:
+        st = server
         engine = st.require_engine()
         cfg = st.config
         tok = engine.tokenizer
@@ -57,8 +57,8 @@ class PropsController(Controller):
         )
 
     @post("/props", status_code=200)
-    async def set_props(self, request: Request) -> Response:
-        if not server_state(request).config.endpoint_props:
+    async def set_props(self, server: SharedState) -> Response:
+        if not server.config.endpoint_props:
             raise ApiError(
                 "This server does not support changing global properties. Start it with `--props`",
                 "not_supported_error",

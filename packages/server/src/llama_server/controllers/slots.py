@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Response, get, post
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from llama_engine import StateFileError
 
 from ..errors import ApiError
-from ._common import json_response, read_body, server_state
+from ..schemas import SlotFileBody
+from ._common import SharedState, json_response
 
 __all__ = ["SlotsController", "valid_filename"]
 
@@ -36,14 +37,10 @@ def valid_filename(name: str) -> bool:
     )
 
 
-class SlotFileBody(msgspec.Struct, kw_only=True):
-    filename: str | None = None
-
-
 class SlotsController(Controller):
     @get("/slots")
-    async def slots(self, request: Request) -> Response:
-        st = server_state(request)
+    async def slots(self, server: SharedState, fail_on_no_slot: FromQuery[str | None] = None) -> Response:
+        st = server
         if not st.config.endpoint_slots:
             raise ApiError(
                 "This server does not support slots endpoint. Start it with `--slots`", "not_supported_error"
@@ -54,8 +51,8 @@ class SlotsController(Controller):
         for slot in engine.slots():
             busy = slot.is_processing
             any_idle |= not busy
-            entry: dict[str, Any] = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": False,
-                                     "is_processing": busy}  # fmt: skip
+            entry: dict[str, Any] = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": False}
+            entry["is_processing"] = busy
             rec = st.slots.get(slot.id)
             if rec is not None:
                 entry.update(
@@ -73,15 +70,20 @@ class SlotsController(Controller):
                     ],
                 )
             out.append(entry)
-        if request.query_params.get("fail_on_no_slot") and not any_idle:
+        if fail_on_no_slot and not any_idle:
             raise ApiError("no slot available", "unavailable_error")
         return json_response(out)
 
     @post("/slots/{id_slot:str}", status_code=200)
-    async def action(self, request: Request) -> Response:
-        """Save, restore or erase a slot's KV cache (each waits until the slot is idle)."""
-        st = server_state(request)
-        id_slot = str(request.path_params["id_slot"])
+    async def action(
+        self,
+        server: SharedState,
+        id_slot: FromPath[str],
+        action: FromQuery[str] = "",
+        data: JSONBody[SlotFileBody | None] = None,
+    ) -> Response:
+        """Save, restore or erase a slot's KV cache (each waits until the slot is idle); erase needs no body."""
+        st = server
         if not st.config.slot_save_path:
             raise ApiError(
                 "This server does not support slots action. Start it with `--slot-save-path`",
@@ -93,15 +95,13 @@ class SlotsController(Controller):
             raise ApiError("Invalid slot ID") from None
         if sid < 0:
             raise ApiError("Invalid slot ID")
-        action = request.query_params.get("action", "")
         if action not in ("save", "restore", "erase"):
             raise ApiError("Invalid action")
         filename = ""
         if action in ("save", "restore"):
-            body: SlotFileBody = await read_body(request, SlotFileBody)
-            if not body.filename or not valid_filename(body.filename):
+            if data is None or not data.filename or not valid_filename(data.filename):
                 raise ApiError("Invalid filename")
-            filename = body.filename
+            filename = data.filename
         engine = st.require_engine()
         sid %= engine.config.n_parallel  # positive ids wrap, as the reference's
         if action == "erase":
@@ -113,12 +113,16 @@ class SlotsController(Controller):
                 res = await asyncio.to_thread(engine.save_slot, sid, path)
             except OSError as e:
                 raise ApiError(f"Unable to save slot: {e.strerror or e}", "server_error") from None
-            return json_response({"id_slot": sid, "filename": filename, "n_saved": res.n_tokens,
-                                  "n_written": res.n_bytes, "timings": {"save_ms": res.ms}})  # fmt: skip
+            return json_response(
+                {"id_slot": sid, "filename": filename, "n_saved": res.n_tokens, "n_written": res.n_bytes}
+                | {"timings": {"save_ms": res.ms}}
+            )
         try:
             res = await asyncio.to_thread(engine.restore_slot, sid, path)
         except StateFileError as e:
             raise ApiError(f"Unable to restore slot: {e}") from None
         st.slots.pop(sid, None)  # the slot's last task is not what it holds any more
-        return json_response({"id_slot": sid, "filename": filename, "n_restored": res.n_tokens,
-                              "n_read": res.n_bytes, "timings": {"restore_ms": res.ms}})  # fmt: skip
+        return json_response(
+            {"id_slot": sid, "filename": filename, "n_restored": res.n_tokens, "n_read": res.n_bytes}
+            | {"timings": {"restore_ms": res.ms}}
+        )
