@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from llama_quant import compiling as _compiling  # noqa: F401  (first: where numba caches kernels)
 from llama_quant import formats as _formats  # noqa: F401  (registers every format)
 from llama_quant.registry import (
     BlockFormat,

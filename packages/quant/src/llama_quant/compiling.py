@@ -1,0 +1,227 @@
+"""Compiling the numba kernels: where their cache lives, what is compiling, and compiling ahead in parallel.
+
+numba compiles a kernel the first time it is called with new argument types and keeps the machine code in
+an on-disk cache, so only a first start pays. Three things here make that first start bearable:
+
+- ``configure_cache()`` puts the cache where a user's caches live (``$NUMBA_CACHE_DIR`` if set, else
+  ``$XDG_CACHE_HOME/llama-py/numba`` or ``~/.cache/llama-py/numba``) instead of ``__pycache__`` folders
+  inside site-packages. ``llama_quant`` calls it on import, before any ``@njit(cache=True)`` decoration
+  reads the setting.
+- ``CompileWatch`` listens to numba's compile events and reports each kernel it compiles (name, seconds).
+- ``precompile(jobs)`` runs warm-up jobs in child processes at once: numba compiles under one global lock
+  per process, so two processes are the only way to use two cores. The children write into the shared
+  cache; the caller then loads from it. ``shared_compiles()`` (active in every child) lets only one process
+  at a time compile a given function, so two jobs that need the same kernel compile it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import multiprocessing as mp
+import os
+import queue
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from numba.core import config as _numba_config
+from numba.core import event as _event
+
+__all__ = [
+    "CompileJob",
+    "CompileWatch",
+    "configure_cache",
+    "default_cache_dir",
+    "precompile",
+    "shared_compiles",
+]
+
+log = logging.getLogger("llama_quant.compiling")
+
+_CACHE_ENV = "NUMBA_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/llama-py/numba``, or ``~/.cache/llama-py/numba`` when XDG_CACHE_HOME is unset."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llama-py" / "numba"
+
+
+def configure_cache() -> Path | None:
+    """Point numba's kernel cache at ``$NUMBA_CACHE_DIR``, else at ``default_cache_dir()``; returns it.
+
+    Also sets NUMBA_CACHE_DIR in the environment so child processes agree. Functions decorated before this
+    call keep the location they were given. Returns None (numba's own default stays) when the directory
+    cannot be created or written, e.g. a read-only home.
+    """
+    chosen = os.environ.get(_CACHE_ENV)
+    path = Path(chosen) if chosen else default_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            return None
+    except OSError:
+        return None
+    os.environ[_CACHE_ENV] = str(path)
+    # numba read the environment when it was imported
+    _numba_config.CACHE_DIR = str(path)  # type: ignore[attr-defined]
+    return path
+
+
+def _cache_dir() -> str:
+    """numba's cache directory now ("" for its default, __pycache__ beside each source file)."""
+    return str(getattr(_numba_config, "CACHE_DIR", ""))
+
+
+def _kernel_name(dispatcher: Any) -> str:
+    fn = dispatcher.py_func
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+class CompileWatch(_event.Listener):
+    """Counts the kernels numba compiles (cache misses only; loads from the cache are not events) and calls
+    ``on_compiled(name, seconds)`` for each one called from Python. Kernels compiled because such a kernel
+    calls them count within it. Use as a context manager; numba emits the events under its compiler lock,
+    so one watch sees a whole process."""
+
+    def __init__(self, on_compiled: Callable[[str, float], None] | None = None) -> None:
+        self.on_compiled = on_compiled
+        self.compiled: list[tuple[str, float]] = []
+        self._open: list[float] = []
+
+    def on_start(self, event: _event.Event) -> None:
+        self._open.append(time.perf_counter())
+
+    def on_end(self, event: _event.Event) -> None:
+        seconds = time.perf_counter() - self._open.pop()
+        if self._open:  # a callee of a kernel being compiled
+            return
+        name = _kernel_name(event.data["dispatcher"])
+        self.compiled.append((name, seconds))
+        if self.on_compiled is not None:
+            self.on_compiled(name, seconds)
+
+    def __enter__(self) -> CompileWatch:
+        _event.register("numba:compile", self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _event.unregister("numba:compile", self)
+
+
+@contextlib.contextmanager
+def shared_compiles(lock_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """While active, a kernel called from Python with argument types it has no machine code for compiles
+    under an exclusive file lock named after the function: another process that needs the same function
+    waits, then loads what the first one cached instead of compiling it again. One lock per function, not
+    per signature, because numba rewrites a function's whole cache index when it saves an entry."""
+    from numba.core.dispatcher import Dispatcher
+
+    Path(lock_dir).mkdir(parents=True, exist_ok=True)
+    original = Dispatcher._compile_for_args  # type: ignore[attr-defined]
+
+    def compile_for_args(self: Any, *args: Any, **kws: Any) -> Any:
+        key = hashlib.sha1(f"{self.py_func.__code__.co_filename}:{_kernel_name(self)}".encode()).hexdigest()
+        with open(os.path.join(lock_dir, key[:20] + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when a crashed process exits
+            return original(self, *args, **kws)
+
+    Dispatcher._compile_for_args = compile_for_args  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        Dispatcher._compile_for_args = original  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class CompileJob:
+    """One warm-up job for a child process: ``target`` is ``"module:function"``, called with ``args``
+    (picklable). It should import only what it compiles: each child pays its own imports."""
+
+    name: str
+    target: str
+    args: tuple[Any, ...] = field(default=())
+
+
+def _run_job(job: CompileJob, events: Any, lock_dir: str) -> None:
+    """A child's body: run the job with compiles shared through the cache, sending progress events."""
+    import importlib
+
+    module, _, func = job.target.partition(":")
+    try:
+        with shared_compiles(lock_dir), CompileWatch(lambda n, s: events.put(("kernel", job.name, n, s))):
+            getattr(importlib.import_module(module), func)(*job.args)
+    except BaseException as e:  # the parent compiles whatever this child did not
+        events.put(("failed", job.name, f"{type(e).__name__}: {e}", 0.0))
+        raise
+    events.put(("done", job.name, "", 0.0))
+
+
+def _say(report: Callable[[str], None] | None, msg: str) -> None:
+    (report or log.info)(msg)
+
+
+def precompile(
+    jobs: Sequence[CompileJob],
+    report: Callable[[str], None] | None = None,
+    timeout: float = 1800.0,
+) -> int:
+    """Run ``jobs`` in child processes at once (spawned: a child imports only what its job needs) and
+    report each kernel they compile as it finishes (``report``, default INFO on this module's logger).
+    Returns the number of kernels compiled. A failing job is reported, not raised: whatever it did not
+    cache the caller compiles itself later. Does nothing useful without a writable numba cache."""
+    if not jobs or not _cache_dir():
+        return 0
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    lock_dir = os.path.join(_cache_dir(), "locks")
+    procs = [
+        ctx.Process(target=_run_job, args=(job, events, lock_dir), name=f"compile-{job.name}", daemon=True)
+        for job in jobs
+    ]
+    t0 = time.perf_counter()
+    _say(
+        report,
+        f"compiling kernels in {len(jobs)} processes (first start; cached in {_cache_dir()})",
+    )
+    for p in procs:
+        p.start()
+    n_kernels = _collect(events, procs, len(jobs), t0 + timeout, report)
+    for p in procs:
+        p.join(timeout=max(0.0, t0 + timeout - time.perf_counter()))
+        if p.is_alive():
+            p.kill()
+    _say(report, f"compiled {n_kernels} kernels in {time.perf_counter() - t0:.1f} s")
+    return n_kernels
+
+
+def _collect(
+    events: Any, procs: list[Any], n_jobs: int, deadline: float, report: Callable[[str], None] | None
+) -> int:
+    """Report the children's events until every job has ended (done, failed, or its process died)."""
+    n_kernels, ended = 0, 0
+    while ended < n_jobs and time.perf_counter() < deadline:
+        try:
+            kind, job, what, seconds = events.get(timeout=0.5)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        if kind == "kernel":
+            n_kernels += 1
+            _say(report, f"compiling kernels: #{n_kernels} {what} ({job}, {seconds:.1f} s)")
+        else:
+            ended += 1
+            state = "done" if kind == "done" else f"failed ({what})"
+            _say(report, f"compiling kernels: {ended}/{n_jobs} jobs finished, {job} {state}")
+    return n_kernels
+
+
+# On import, so that `import llama_quant` (which imports this module first) settles where numba caches
+# before any kernel module is decorated.
+configure_cache()

@@ -1,0 +1,131 @@
+"""Where numba's cache lives, compile progress, and precompiling in child processes (real numba compiles of
+tiny kernels, in a fresh cache directory per test)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from numba.core import config as numba_config
+
+from llama_quant.compiling import CompileJob, CompileWatch, default_cache_dir, precompile
+
+_KERNELS = """
+from numba import njit
+
+
+@njit(cache=True)
+def twice(x):
+    return x * 2.0
+
+
+@njit(cache=True)
+def plus_one(x):
+    return x + 1.0
+
+
+def run_twice():
+    twice(1.5)
+
+
+def run_both():
+    twice(1.5)
+    plus_one(2)
+"""
+
+
+def _cache_dir_in_child(env: dict[str, str], code: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")} | env
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    return done.stdout.strip()
+
+
+_PRINT_CACHE_DIR = "import llama_quant; from numba.core import config; print(config.CACHE_DIR)"
+
+
+def test_default_cache_dir_is_the_user_cache(tmp_path: Path) -> None:
+    got = _cache_dir_in_child({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, _PRINT_CACHE_DIR)
+    assert got == str(tmp_path / "xdg" / "llama-py" / "numba")
+    assert Path(got).is_dir()
+    home = _cache_dir_in_child({"HOME": str(tmp_path / "home")}, _PRINT_CACHE_DIR)
+    assert home == str(tmp_path / "home" / ".cache" / "llama-py" / "numba")
+
+
+def test_numba_cache_dir_is_respected(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    got = _cache_dir_in_child(
+        {"NUMBA_CACHE_DIR": str(mine), "XDG_CACHE_HOME": str(tmp_path / "xdg")}, _PRINT_CACHE_DIR
+    )
+    assert got == str(mine)
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "llama-py" / "numba"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "h"))
+    assert default_cache_dir() == tmp_path / "h" / ".cache" / "llama-py" / "numba"
+
+
+@pytest.fixture
+def kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A module of two tiny cached kernels, importable here and in spawned children, and an empty
+    numba cache used by both."""
+    name = f"tiny_kernels_{tmp_path.name.replace('-', '_')}"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / f"{name}.py").write_text(textwrap.dedent(_KERNELS))
+    cache = tmp_path / "numba"
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    monkeypatch.setattr(numba_config, "CACHE_DIR", str(cache))
+    return name
+
+
+def test_progress_counts_jobs_and_kernels(kernels: str) -> None:
+    lines: list[str] = []
+    jobs = [CompileJob("first", f"{kernels}:run_both"), CompileJob("second", f"{kernels}:run_twice")]
+    n = precompile(jobs, lines.append)
+    assert n == 2  # twice and plus_one, each compiled once across both children
+    kernel_lines = [line for line in lines if line.startswith("compiling kernels: #")]
+    assert len(kernel_lines) == 2
+    assert {line.split()[3] for line in kernel_lines} == {f"{kernels}.twice", f"{kernels}.plus_one"}
+    finished = [line for line in lines if "jobs finished" in line]
+    assert [line.split()[2] for line in finished] == ["1/2", "2/2"]
+    assert all(line.endswith("done") for line in finished)
+    assert lines[-1].startswith("compiled 2 kernels in ")
+
+
+def test_precompiled_cache_is_loaded_not_compiled(kernels: str) -> None:
+    assert precompile([CompileJob("both", f"{kernels}:run_both")], lambda _: None) == 2
+    # a second process compiles nothing
+    assert precompile([CompileJob("again", f"{kernels}:run_both")], lambda _: None) == 0
+    # nor does this one: it loads what the children cached
+    module = importlib.import_module(kernels)
+    with CompileWatch() as watch:
+        assert module.twice(1.5) == 3.0
+        assert module.plus_one(2) == 3.0
+    assert watch.compiled == []
+
+
+def test_watch_reports_compiles_here(kernels: str) -> None:
+    module = importlib.import_module(kernels)
+    seen: list[str] = []
+    with CompileWatch(lambda name, seconds: seen.append(name)) as watch:
+        module.run_both()
+    assert seen == [f"{kernels}.twice", f"{kernels}.plus_one"]
+    assert [name for name, _ in watch.compiled] == seen
+
+
+def test_a_failing_job_is_reported(kernels: str) -> None:
+    lines: list[str] = []
+    assert precompile([CompileJob("broken", f"{kernels}:no_such_function")], lines.append) == 0
+    assert any("broken failed (AttributeError" in line for line in lines)
