@@ -20,9 +20,11 @@ import contextlib
 import fcntl
 import hashlib
 import logging
-import multiprocessing as mp
 import os
 import queue
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +100,8 @@ class CompileWatch(_event.Listener):
         self._open.append(time.perf_counter())
 
     def on_end(self, event: _event.Event) -> None:
+        if not self._open:  # a listener registered earlier stopped this compile from starting
+            return
         seconds = time.perf_counter() - self._open.pop()
         if self._open:  # a callee of a kernel being compiled
             return
@@ -148,18 +152,28 @@ class CompileJob:
     args: tuple[Any, ...] = field(default=())
 
 
-def _run_job(job: CompileJob, events: Any, lock_dir: str) -> None:
-    """A child's body: run the job with compiles shared through the cache, sending progress events."""
+def _child() -> None:
+    """A child's body (``python -c``): read (job, lock dir, sys.path) pickled on stdin, run the job with
+    compiles shared through the cache, and write one event line per kernel and one at the end on stdout."""
     import importlib
+    import pickle
+
+    job, lock_dir, path = pickle.load(sys.stdin.buffer)
+    sys.path[:] = path
+    events, sys.stdout = sys.stdout, sys.stderr  # only events on the pipe
+
+    def send(*fields: object) -> None:
+        events.write("\t".join(str(f).replace("\t", " ").replace("\n", " ") for f in fields) + "\n")
+        events.flush()
 
     module, _, func = job.target.partition(":")
     try:
-        with shared_compiles(lock_dir), CompileWatch(lambda n, s: events.put(("kernel", job.name, n, s))):
+        with shared_compiles(lock_dir), CompileWatch(lambda name, s: send("kernel", name, f"{s:.1f}")):
             getattr(importlib.import_module(module), func)(*job.args)
     except BaseException as e:  # the parent compiles whatever this child did not
-        events.put(("failed", job.name, f"{type(e).__name__}: {e}", 0.0))
-        raise
-    events.put(("done", job.name, "", 0.0))
+        send("failed", f"{type(e).__name__}: {e}")
+        raise SystemExit(1) from None
+    send("done")
 
 
 def _say(report: Callable[[str], None] | None, msg: str) -> None:
@@ -171,54 +185,78 @@ def precompile(
     report: Callable[[str], None] | None = None,
     timeout: float = 1800.0,
 ) -> int:
-    """Run ``jobs`` in child processes at once (spawned: a child imports only what its job needs) and
-    report each kernel they compile as it finishes (``report``, default INFO on this module's logger).
-    Returns the number of kernels compiled. A failing job is reported, not raised: whatever it did not
-    cache the caller compiles itself later. Does nothing useful without a writable numba cache."""
+    """Run ``jobs`` in child processes at once and report each kernel they compile as it finishes
+    (``report``, default INFO lines on this module's logger). Returns the number of kernels compiled.
+
+    A child is a fresh interpreter (``python -c``, never a re-import of ``__main__``) that imports only
+    what its job needs. A failing job is reported, not raised: whatever it did not cache the caller
+    compiles itself later. Does nothing without a numba cache directory."""
     if not jobs or not _cache_dir():
         return 0
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    lock_dir = os.path.join(_cache_dir(), "locks")
-    procs = [
-        ctx.Process(target=_run_job, args=(job, events, lock_dir), name=f"compile-{job.name}", daemon=True)
-        for job in jobs
-    ]
     t0 = time.perf_counter()
-    _say(
-        report,
-        f"compiling kernels in {len(jobs)} processes (first start; cached in {_cache_dir()})",
-    )
-    for p in procs:
-        p.start()
-    n_kernels = _collect(events, procs, len(jobs), t0 + timeout, report)
-    for p in procs:
-        p.join(timeout=max(0.0, t0 + timeout - time.perf_counter()))
-        if p.is_alive():
-            p.kill()
+    _say(report, f"compiling kernels in {len(jobs)} processes (first start; cached in {_cache_dir()})")
+    lines: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
+    procs = [_spawn(job, lines) for job in jobs]
+    try:
+        n_kernels = _collect(lines, len(jobs), t0 + timeout, report)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
     _say(report, f"compiled {n_kernels} kernels in {time.perf_counter() - t0:.1f} s")
     return n_kernels
 
 
+def _spawn(job: CompileJob, lines: queue.SimpleQueue[tuple[str, str | None]]) -> subprocess.Popen[bytes]:
+    import pickle
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from llama_quant.compiling import _child; _child()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(pickle.dumps((job, os.path.join(_cache_dir(), "locks"), sys.path)))
+    proc.stdin.close()
+    out = proc.stdout
+
+    def read() -> None:
+        for raw in out:
+            lines.put((job.name, raw.decode(errors="replace").rstrip("\n")))
+        lines.put((job.name, None))
+
+    threading.Thread(target=read, name=f"compile-{job.name}", daemon=True).start()
+    return proc
+
+
 def _collect(
-    events: Any, procs: list[Any], n_jobs: int, deadline: float, report: Callable[[str], None] | None
+    lines: queue.SimpleQueue[tuple[str, str | None]],
+    n_jobs: int,
+    deadline: float,
+    report: Callable[[str], None] | None,
 ) -> int:
-    """Report the children's events until every job has ended (done, failed, or its process died)."""
-    n_kernels, ended = 0, 0
-    while ended < n_jobs and time.perf_counter() < deadline:
+    """Report the children's event lines until every child's output has ended."""
+    n_kernels, ended, finished = 0, 0, 0
+    while ended < n_jobs:
         try:
-            kind, job, what, seconds = events.get(timeout=0.5)
+            job, line = lines.get(timeout=max(0.0, deadline - time.perf_counter()))
         except queue.Empty:
-            if not any(p.is_alive() for p in procs):
-                break
+            break
+        if line is None:
+            ended += 1
             continue
+        kind, _, rest = line.partition("\t")
         if kind == "kernel":
             n_kernels += 1
-            _say(report, f"compiling kernels: #{n_kernels} {what} ({job}, {seconds:.1f} s)")
-        else:
-            ended += 1
-            state = "done" if kind == "done" else f"failed ({what})"
-            _say(report, f"compiling kernels: {ended}/{n_jobs} jobs finished, {job} {state}")
+            name, _, seconds = rest.partition("\t")
+            _say(report, f"compiling kernels: #{n_kernels} {name} ({job}, {seconds} s)")
+        elif kind in ("done", "failed"):
+            finished += 1
+            state = "done" if kind == "done" else f"failed ({rest})"
+            _say(report, f"compiling kernels: {finished}/{n_jobs} jobs finished, {job} {state}")
     return n_kernels
 
 
