@@ -35,6 +35,7 @@ from .controllers import CONTROLLERS
 from .errors import ApiError, error_body
 from .middleware import EdgeMiddleware, IOTimeouts
 from .state import ServerState
+from .streaming import end_streams
 
 __all__ = ["create_app"]
 
@@ -189,6 +190,7 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
         debug=False,
     )
     app.state.server = st
+    st.drain_hooks.append(end_streams)  # SIGTERM: every open generation ends with its final event
     # around the router: CORS, readiness, API key and the Server header cover every path, even unknown
     # ones; outermost, the read and write timeouts cover the whole exchange
     app.asgi_handler = IOTimeouts(EdgeMiddleware(app.asgi_handler, st, webui_files), st.config.timeout)

@@ -14,11 +14,11 @@ from llama_engine.tokenizer import Tokenizer
 
 from .errors import ApiError
 from .prompts import check_request_chars, check_text_size
-from .schemas import ChatBody, ContentPart, Message
+from .schemas import ChatBody, Message
 from .state import ServerState
 from .template import ChatTemplate, TemplateError
 
-__all__ = ["ChatBody", "ContentPart", "Message", "PromptResult", "build_chat_prompt", "render_chat"]
+__all__ = ["PromptResult", "render_chat", "validate_chat"]
 
 
 class PromptResult(msgspec.Struct):
@@ -157,9 +157,3 @@ async def render_chat(st: ServerState, body: ChatBody) -> PromptResult:
     plan = _plan(st, body)
     assert st.template is not None
     return await st.offload(_render, st.template, st.require_engine().tokenizer, plan)
-
-
-def build_chat_prompt(st: ServerState, body: ChatBody) -> PromptResult:
-    """The request's prompt, rendered and tokenized on the calling thread (same checks as `render_chat`)."""
-    assert st.template is not None
-    return _render(st.template, st.require_engine().tokenizer, _plan(st, body))

@@ -13,47 +13,23 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from llama_engine import GenerationRequest, SamplingParams
-from llama_engine.sampling import MAX_N_PROBS, parse_samplers
+from llama_engine.sampling import parse_samplers
 from llama_engine.tokenizer import Tokenizer
 
 from .config import ServerConfig
 from .errors import ApiError
-from .schemas import (
-    INT32_MAX,
-    MAX_BIAS_TEXT_CHARS,
-    Float,
-    GenParams,
-    Int32,
-    NonNeg,
-    NPredict,
-    NProbs,
-    Seed,
-    Stop,
-    StreamOptions,
-    bias_pairs,
-    bias_text_keys,
-    token_id,
-)
+from .schemas import MAX_BIAS_TEXT_CHARS, GenParams, bias_pairs, bias_text_keys, token_id
 
 if TYPE_CHECKING:
     from .state import ServerState
 
 __all__ = [
-    "INT32_MAX",
     "MAX_BIAS_TEXT_CHARS",
-    "MAX_N_PROBS",
-    "Float",
     "GenParams",
-    "Int32",
-    "NPredict",
-    "NProbs",
-    "NonNeg",
-    "Seed",
-    "Stop",
-    "StreamOptions",
     "build_request",
     "build_requests",
     "resolve_logit_bias",
+    "sampling_params",
 ]
 
 _BIAS_KEY_CHARS = 1024  # a text key is tokenized from this many characters at most

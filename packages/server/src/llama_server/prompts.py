@@ -31,7 +31,6 @@ __all__ = [
     "max_piece_chars",
     "text_size",
     "tokenize_mixed",
-    "tokenize_prompts",
     "tokenize_request",
 ]
 
@@ -175,10 +174,3 @@ async def encode(state: ServerState, text: str, *, add_special: bool, parse_spec
     if len(text) <= INLINE_CHARS:
         return tok.encode(text, add_special=add_special, parse_special=parse_special)
     return await state.offload(tok.encode, text, add_special=add_special, parse_special=parse_special)
-
-
-def tokenize_prompts(
-    prompt: Any, tok: Tokenizer, field: str = "prompt", n_ctx: int | None = None
-) -> list[list[int]]:
-    """Every prompt in the request, tokenized on the calling thread (same checks as `tokenize_request`)."""
-    return [_one(item, tok) for item in _prompt_items(prompt, field, tok, n_ctx)]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from llama_engine import Engine, EngineConfig, FinalEvent
 
@@ -20,7 +20,7 @@ from .config import ServerConfig
 from .prompts import max_piece_chars
 from .template import BUILTIN_TEMPLATES, CHATML, ChatTemplate
 
-__all__ = ["DRAIN_MESSAGE", "TEXT_WORKERS", "Drainable", "Metrics", "ServerState", "SlotRecord"]
+__all__ = ["DRAIN_MESSAGE", "TEXT_WORKERS", "Metrics", "ServerState", "SlotRecord"]
 
 log = logging.getLogger("llama_server")
 
@@ -30,12 +30,6 @@ DRAIN_MESSAGE = "the server is shutting down"
 # would not tokenize faster; two let one long request run without queueing every other behind it.
 TEXT_WORKERS = 2
 T = TypeVar("T")
-
-
-class Drainable(Protocol):
-    """An open response that can be told to end (SIGTERM): it sends its final error event and returns."""
-
-    def drain(self, message: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -94,7 +88,8 @@ class ServerState:
     ready: threading.Event = field(default_factory=threading.Event)
     exit_on_load_error: bool = False
     draining: bool = False
-    streams: set[Drainable] = field(default_factory=set)  # open responses, told to end on SIGTERM
+    # called on the event loop with a message when draining starts; each ends the open responses it owns
+    drain_hooks: list[Callable[[str], object]] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None  # the app's event loop, set when it starts serving
     _loader: threading.Thread | None = None
     _pool: ThreadPoolExecutor | None = None
@@ -124,19 +119,19 @@ class ServerState:
     # -- shutting down ---------------------------------------------------------------------------------
 
     def begin_drain(self, message: str = DRAIN_MESSAGE) -> None:
-        """Stop taking requests and end every open response in `streams` with a final error event. Safe
-        to call from any thread and from a signal handler: the responses are told on the event loop."""
+        """Stop taking requests and end every open response with a final error event (`drain_hooks`).
+        Safe to call from any thread and from a signal handler: the hooks run on the event loop."""
         self.draining = True
         loop = self.loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._drain_streams, message)
+            loop.call_soon_threadsafe(self._run_drain_hooks, message)
 
-    def _drain_streams(self, message: str) -> None:
-        for stream in list(self.streams):
+    def _run_drain_hooks(self, message: str) -> None:
+        for hook in self.drain_hooks:
             try:
-                stream.drain(message)
-            except Exception:  # one response failing to end must not keep the others open
-                log.exception("ending a response on shutdown failed")
+                hook(message)
+            except Exception:  # one hook failing must not keep the other responses open
+                log.exception("ending the open responses on shutdown failed")
 
     # -- loading ---------------------------------------------------------------------------------------
 

@@ -6,14 +6,12 @@ import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
-import msgspec
 from litestar import Request, Response
 from litestar.di import NamedDependency
 
 from llama_engine import GenerationRequest
 
 from ..bridge import until_disconnect
-from ..errors import ApiError
 from ..sse import encode
 from ..state import BUILD_INFO, ServerState
 
@@ -23,8 +21,6 @@ __all__ = [
     "generation_settings",
     "json_response",
     "now",
-    "read_body",
-    "server_state",
     "unless_disconnected",
 ]
 
@@ -34,25 +30,6 @@ SharedState = NamedDependency[ServerState]
 """A handler parameter `server: SharedState` receives the app's ServerState (the `server` dependency)."""
 
 JSON = "application/json; charset=utf-8"
-
-
-def server_state(request: Request[Any, Any, Any]) -> ServerState:
-    return request.app.state.server
-
-
-async def read_body(request: Request[Any, Any, Any], cls: type[Any]) -> Any:
-    """The JSON body decoded into `cls` (every problem is a 400; a body over the size limit a 413)."""
-    raw = await request.body()
-    if not raw.strip():
-        raise ApiError("Request body is empty: a JSON object is expected")
-    try:
-        return msgspec.json.decode(raw, type=cls)
-    except msgspec.ValidationError as e:
-        raise ApiError(f"Invalid request: {e}") from e
-    except msgspec.DecodeError as e:
-        raise ApiError(f"Invalid JSON: {e}") from e
-    except RecursionError as e:
-        raise ApiError("Invalid JSON: nested too deeply") from e
 
 
 class _NoEngineWork:
