@@ -1,19 +1,18 @@
-"""Benchmark the quantized matrix kernels: decode matvec per type and shape, and the batch crossover.
+"""Benchmark the matrix kernels against llama.cpp's: decode matvec per type and shape, per kernel set.
 
     python packages/quant/bench/bench_kernels.py                 # all types, real + large shapes
     python packages/quant/bench/bench_kernels.py --types Q4_0,Q4_K --repeat 50
-    python packages/quant/bench/bench_kernels.py --batch         # integer path vs dequant+BLAS per n
-    python packages/quant/bench/bench_kernels.py --asm           # vector registers in each inner kernel
+    python packages/quant/bench/bench_kernels.py --kernels portable,avx2
 
 Prints best-of-N times (the machine is shared: the minimum is the least disturbed run), GMAC/s and GB/s
-of weight bytes read (counted in ggml's raw size, what llama.cpp reads): first ``QuantMatrix`` (fast kernels,
-fastmath), then ``ExactMatrix`` ("exact": the kernels the engine runs, bit for bit ggml's generic results). Shapes marked "cold" cycle over
-enough copies of the matrix (>= 96 MB) that each call reads from DRAM, not from the 32 MB L3.
+of weight bytes read (counted in ggml's raw size, what llama.cpp reads) of ``ExactMatrix`` under each
+kernel set asked for (default: every set this host runs). Shapes marked "cold" cycle over enough copies of
+the matrix (>= 96 MB) that each call reads from DRAM, not from the 32 MB L3.
 
 The ggml columns time the same product through llama.cpp's own CPU backend (libggml-cpu.so from
 llama-cpp-python, via ctypes: a mul_mat graph computed with a persistent 2-thread threadpool), one
-immediately after the other; "ratio" is ggml time / our time (> 1: we are faster), "exact ratio" the same
-for ExactMatrix. Pass --no-ggml to skip.
+immediately after the other; "ratio" is ggml time / our time under the best kernel set (> 1: we are
+faster). Pass --no-ggml to skip.
 """
 
 from __future__ import annotations
@@ -27,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from llama_quant.kernels import QuantMatrix
-from llama_quant.kernels.exact import ExactMatrix
-from llama_quant.kernels.exact.matrix import SUPPORTED_TYPES as EXACT_TYPES
-from llama_quant.kernels.matrix import _SPECS
+from llama_quant.cpu import KernelSet, host_kernel_set
+from llama_quant.kernels import SUPPORTED_TYPES, ExactMatrix
 
 # byte offsets of f16 scale fields per block (random bytes there could be inf/nan)
 _F16_FIELDS = {
@@ -50,16 +48,16 @@ COLD_BYTES = 96 << 20
 
 def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Random raw ggml bytes with finite scales (speed does not depend on the values)."""
-    spec = _SPECS[qtype]
-    if spec.block == 1:
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    if block == 1:
         w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
         if qtype == T.F32:
             return w.view(np.uint8)
         if qtype == T.F16:
             return w.astype(np.float16).view(np.uint8)
         return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    nb = rows * cols // spec.block
-    raw = rng.integers(0, 256, (nb, spec.block_bytes), dtype=np.uint8)
+    nb = rows * cols // block
+    raw = rng.integers(0, 256, (nb, block_bytes), dtype=np.uint8)
     for off in _F16_FIELDS[qtype]:
         raw[:, off : off + 2] = (
             (rng.random(nb) * 0.01 + 0.001).astype(np.float16).view(np.uint8).reshape(nb, 2)
@@ -173,145 +171,71 @@ class GGML:
 
 
 def raw_nbytes(qtype: T, rows: int, cols: int) -> int:
-    spec = _SPECS[qtype]
-    return rows * cols // spec.block * spec.block_bytes
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    return rows * cols // block * block_bytes
 
 
-def _matvec_nth(mats: list[QuantMatrix] | list[ExactMatrix], x: np.ndarray, out: np.ndarray, i: int) -> None:
+def _matvec_nth(mats: list[ExactMatrix], x: np.ndarray, out: np.ndarray, i: int) -> None:
     mats[i % len(mats)].matvec(x, out)
 
 
-def _int_path(m: QuantMatrix, x: np.ndarray, out: np.ndarray, _: int) -> None:
-    """QuantMatrix.matmul's small-batch branch, whatever the batch size."""
-    xq, xd, xs = m._own_activations(x)._quantized(m.activation)
-    mv = m._spec.mv
-    assert mv is not None
-    mv(m._arrays, out, xq, xd, xs, x.shape[0], m.rows, m._nb)
-
-
-def _blas_path(m: QuantMatrix, x: np.ndarray, out: np.ndarray, _: int) -> None:
-    m._matmul_blas(x, out)
-
-
-def bench_matvec(types: list[T], repeat: int, ggml: GGML | None) -> None:
+def bench_matvec(types: list[T], kernel_sets: list[KernelSet], repeat: int, ggml: GGML | None) -> None:
     rng = np.random.default_rng(0)
-    hdr = f"{'type':5} {'shape':>12} {'mem':4} {'us':>8} {'GMAC/s':>7} {'GB/s':>6} {'exact us':>8} {'exact GB/s':>10}"
+    hdr = f"{'type':5} {'shape':>12} {'mem':4}"
+    for k in kernel_sets:
+        hdr += f" {k.name.lower() + ' us':>11} {'GMAC/s':>7} {'GB/s':>6}"
     if ggml:
-        hdr += f" {'ggml us':>8} {'ggml GB/s':>9} {'ratio':>6} {'exact ratio':>11}"
+        hdr += f" {'ggml us':>8} {'ggml GB/s':>9} {'ratio':>6}"
     print(hdr)
     for qtype in types:
         shapes = [(s, "warm") for m in REAL_SHAPES.values() for s in m]
         shapes += [(s, "warm") for s in LARGE_SHAPES] + [(s, "cold") for s in LARGE_SHAPES]
         for (rows, cols), mem in shapes:
-            if cols % _SPECS[qtype].block:
+            if cols % GGML_QUANT_SIZES[qtype][0]:
                 continue
             nbytes = raw_nbytes(qtype, rows, cols)
             copies = max(1, -(-COLD_BYTES // nbytes)) if mem == "cold" else 1
             raws = [random_raw(qtype, rows, cols, rng) for _ in range(copies)]
-            mats = [QuantMatrix(r, qtype, rows, cols) for r in raws]
             x = rng.standard_normal(cols).astype(np.float32)
             out = np.empty(rows, np.float32)
             calls = max(3, min(200, int(3e7 / nbytes)))
-            t = best_time(functools.partial(_matvec_nth, mats, x, out), calls, repeat)
-            line = f"{qtype.name:5} {rows:>6}x{cols:<5} {mem:4} {t * 1e6:8.1f} {rows * cols / t / 1e9:7.2f} {nbytes / t / 1e9:6.2f}"
-            del mats
-            if qtype in EXACT_TYPES:  # the engine's kernels: bit-exact with ggml's generic C code
-                exact = [ExactMatrix(r, qtype, rows, cols) for r in raws]
-                te = best_time(functools.partial(_matvec_nth, exact, x, out), calls, repeat)
-                line += f" {te * 1e6:8.1f} {nbytes / te / 1e9:10.2f}"
-                del exact
-            else:
-                te = float("nan")
-                line += f" {'-':>8} {'-':>10}"
+            line = f"{qtype.name:5} {rows:>6}x{cols:<5} {mem:4}"
+            best = float("inf")
+            for k in kernel_sets:
+                mats = [ExactMatrix(r, qtype, rows, cols, k) for r in raws]
+                t = best_time(functools.partial(_matvec_nth, mats, x, out), calls, repeat)
+                best = min(best, t)
+                line += f" {t * 1e6:11.1f} {rows * cols / t / 1e9:7.2f} {nbytes / t / 1e9:6.2f}"
+                del mats
             if ggml:
                 run = ggml.prepare(raws, qtype, rows, cols, 1)
                 tg = best_time(run, calls, repeat)
                 ggml.release()
-                line += f" {tg * 1e6:8.1f} {nbytes / tg / 1e9:9.2f} {tg / t:6.2f} {tg / te:11.2f}"
+                line += f" {tg * 1e6:8.1f} {nbytes / tg / 1e9:9.2f} {tg / best:6.2f}"
             print(line, flush=True)
-
-
-def bench_batch(types: list[T], repeat: int, ggml: GGML | None) -> None:
-    """Time per call of the integer path and of the dequant + BLAS path for batches of n tokens."""
-    rng = np.random.default_rng(0)
-    print(
-        f"{'type':5} {'shape':>12} {'n':>4} {'int us':>9} {'blas us':>9} {'int GMAC/s':>10} {'blas GMAC/s':>11}"
-        + (f" {'ggml us':>9}" if ggml else "")
-    )
-    for qtype in types:
-        for rows, cols in [(1536, 576), (640, 2048)]:
-            if cols % _SPECS[qtype].block or _SPECS[qtype].act == "f32":
-                continue
-            raw = random_raw(qtype, rows, cols, rng)
-            m = QuantMatrix(raw, qtype, rows, cols)
-            for n in (1, 2, 4, 8, 16, 32, 128, 512):
-                x = rng.standard_normal((n, cols)).astype(np.float32)
-                out = np.empty((n, rows), np.float32)
-                calls = max(2, int(2e8 / (rows * cols * n)))
-
-                ti = best_time(functools.partial(_int_path, m, x, out), calls, repeat) if n <= 32 else np.nan
-                tb = best_time(functools.partial(_blas_path, m, x, out), calls, repeat)
-                mac = rows * cols * n
-                line = f"{qtype.name:5} {rows:>6}x{cols:<5} {n:4} {ti * 1e6:9.1f} {tb * 1e6:9.1f} {mac / ti / 1e9:10.2f} {mac / tb / 1e9:11.2f}"
-                if ggml:
-                    run = ggml.prepare([raw], qtype, rows, cols, n)
-                    line += f" {best_time(run, calls, repeat) * 1e6:9.1f}"
-                    ggml.release()
-                print(line, flush=True)
-
-
-def check_asm() -> None:
-    """Compile an uncached copy of every per-tile kernel (numba hides the assembly of cached code) and count
-    the instructions on ymm (AVX2) and zmm (AVX-512) registers: a kernel that lost vectorization shows 0."""
-    import re
-
-    import numba
-
-    from llama_quant.kernels import kq, q32
-
-    R, nb = np.uint64(64), 4
-    f32, i16, i32 = (np.zeros(R * 64, t) for t in (np.float32, np.int16, np.int32))
-    b8, s8 = np.zeros(1 << 16, np.uint8), np.zeros(1 << 16, np.int8)
-    xs = np.zeros(256, np.int32)
-    cases = {
-        "Q4_0/Q4_1": (q32._tile_q4, (f32, b8, f32, f32, s8, f32, xs, nb, i16, R, True)),
-        "Q5_0/Q5_1": (q32._tile_q5, (f32, b8, b8, f32, f32, s8, f32, xs, nb, i16, i16, R, True)),
-        "Q8_0": (q32._tile_q8, (f32, s8, f32, s8, f32, nb, i32, R)),
-        "Q4_K/Q5_K": (
-            kq._tile_q45k,
-            (f32, b8, b8, b8, b8, f32, f32, s8, f32, xs, 1, i16, i16, i32, i32, R, True),
-        ),
-        "Q6_K": (kq._tile_q6k, (f32, b8, b8, s8, f32, s8, f32, 1, i16, i16, i16, i16, i32)),
-        "Q2_K": (kq._tile_q2k, (f32, b8, b8, f32, f32, s8, f32, xs, 1, i16, i16, i16, i16, i32, i32, R)),
-        "Q3_K": (kq._tile_q3k, (f32, b8, b8, s8, f32, s8, f32, 1, i16, i16, i16, i16, i32, R)),
-    }
-    print(f"{'kernel':10} {'ymm instr':>9} {'zmm instr':>9}  (uncached compile of the per-tile function)")
-    for name, (fn, args) in cases.items():
-        fresh = numba.njit(fastmath=True)(getattr(fn, "py_func"))  # noqa: B009 - numba attribute
-        fresh(*args)
-        asm = fresh.inspect_asm(fresh.signatures[0])
-        ymm = len(re.findall(r"^\s+v\w+\s.*%ymm", asm, re.M))
-        zmm = len(re.findall(r"^\s+v\w+\s.*%zmm", asm, re.M))
-        print(f"{name:10} {ymm:9d} {zmm:9d}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--types", default=",".join(t.name for t in _SPECS), help="comma-separated ggml type names"
+        "--types",
+        default=",".join(t.name for t in sorted(SUPPORTED_TYPES)),
+        help="comma-separated ggml type names",
+    )
+    host = [k for k in KernelSet if k <= host_kernel_set()]
+    p.add_argument(
+        "--kernels",
+        default=",".join(k.name.lower() for k in host),
+        help="comma-separated kernel sets (portable, avx2, avx512)",
     )
     p.add_argument("--repeat", type=int, default=20, help="trials per measurement (best is kept)")
-    p.add_argument("--batch", action="store_true", help="integer vs BLAS path per batch size instead")
     p.add_argument("--no-ggml", action="store_true", help="skip the llama.cpp comparison")
-    p.add_argument("--asm", action="store_true", help="only check that the inner kernels vectorized")
     args = p.parse_args()
-    if args.asm:
-        check_asm()
-        return
     types = [T[name] for name in args.types.split(",")]
+    kernel_sets = [KernelSet[name.strip().upper()] for name in args.kernels.split(",")]
     ggml = None if args.no_ggml else GGML(2)
     try:
-        (bench_batch if args.batch else bench_matvec)(types, args.repeat, ggml)
+        bench_matvec(types, kernel_sets, args.repeat, ggml)
     finally:
         if ggml:
             ggml.close()

@@ -11,11 +11,13 @@ from exact_cases import ACT_KINDS, TYPES, make_acts, weights
 from gguf import GGMLQuantizationType as T
 
 import llama_quant
-from llama_quant.kernels import Activations, ExactMatrix, pairs, quads, ref
+from llama_quant.cpu import KernelSet, host_kernel_set
+from llama_quant.kernels import SUPPORTED_TYPES, Activations, ExactMatrix, klanes, quads, ref
 from llama_quant.kernels import act as _act
-from llama_quant.kernels.matrix import _SPECS
 
 act: Any = _act  # numba dispatchers: mypy cannot see their signatures
+KERNEL_SETS = [k for k in KernelSet if k <= host_kernel_set()]  # every set this host runs
+_ids = lambda k: k.name  # noqa: E731
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -74,18 +76,20 @@ def test_f16_round_matches_numpy() -> None:
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("kernels", KERNEL_SETS, ids=_ids)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["normal", "outliers", "zeros", "ties"])
-def test_kernel_matches_reference(qtype: T, kind: str) -> None:
+def test_kernel_matches_reference(qtype: T, kind: str, kernels: KernelSet) -> None:
     rows, cols = 70, 512  # a partial last tile
     raw = weights(qtype, rows, cols, seed=int(qtype))
-    m = ExactMatrix(raw, qtype, rows, cols)
-    x = make_acts(kind, 5, cols, seed=int(qtype))
-    want = np.empty((5, rows), np.float32)
-    ref.matmul(want, raw, qtype, rows, cols, x)
-    assert _same(m.matmul(x), want)
-    for t in range(5):
-        assert _same(m.matvec(x[t]), want[t])
+    m = ExactMatrix(raw, qtype, rows, cols, kernels)
+    assert m.kernels is kernels
+    x = make_acts(kind, 17, cols, seed=int(qtype))
+    for n in (1, 2, 5, 17):
+        want = np.empty((n, rows), np.float32)
+        ref.matmul(want, raw, qtype, rows, cols, x[:n])
+        assert _same(m.matmul(x[:n]), want), n
+        assert _same(m.matvec(x[n - 1]), want[n - 1]), n
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -162,19 +166,36 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="columns"):
         m.matmul(Activations(64, 1).set(np.zeros(64, np.float32)))
     assert m.nbytes > 0 and m.activation_format == "q8" and m.vec_dot_type == T.Q8_0
-    assert set(_SPECS) == set(TYPES)
+    assert set(TYPES) == SUPPORTED_TYPES
 
 
+def test_a_kernel_set_the_host_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numba
+
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", "+sse2", raising=False)  # a target without AVX2
+    with pytest.raises(ValueError, match="kernel set avx2 needs CPU features avx2, f16c"):
+        ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32, KernelSet.AVX2)
+    assert ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32).kernels is KernelSet.PORTABLE
+
+
+def test_the_environment_variable_chooses_the_kernel_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_KERNELS", "portable")
+    assert ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32).kernels is KernelSet.PORTABLE
+    monkeypatch.delenv("LLAMA_KERNELS")
+    assert ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32).kernels is host_kernel_set()
+
+
+@pytest.mark.parametrize("kernels", KERNEL_SETS, ids=_ids)
 @pytest.mark.parametrize(
     "qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name
 )
-def test_many_token_path_equals_one_token_products(qtype: T) -> None:
-    """Batches of these types take the byte-pair kernels (kernels.pairs, on CPUs with AVX2) from a number of
-    tokens per type: the same numbers as the reference and as one matvec per token, with a partial last
-    tile and extreme activations."""
+def test_many_token_path_equals_one_token_products(qtype: T, kernels: KernelSet) -> None:
+    """Batches of these types change kernels with the token count (``pairs``' Q5 unpacking, ``quads`` from
+    ``QUAD_TOKENS``, activations rearranged on all threads from 16): the same numbers as the reference and
+    as one matvec per token, with a partial last tile and extreme activations."""
     rows, cols = 200, 512
     raw = weights(qtype, rows, cols, seed=3)
-    m = ExactMatrix(raw, qtype, rows, cols)
+    m = ExactMatrix(raw, qtype, rows, cols, kernels)
     for kind, n in (("mixed", 37), ("outliers", 16), ("ties", 8), ("normal", 4), ("ties", 3)):
         x = make_acts(kind, n, cols, seed=n)
         full = m.matmul(x)
@@ -185,8 +206,9 @@ def test_many_token_path_equals_one_token_products(qtype: T) -> None:
             assert _same(m.matvec(x[t]), full[t])
 
 
+@pytest.mark.parametrize("kernels", KERNEL_SETS, ids=_ids)
 @pytest.mark.parametrize("qtype", [T.Q5_0, T.Q5_1], ids=lambda t: t.name)
-def test_q5_extreme_values_fit_the_int16_sums(qtype: T) -> None:
+def test_q5_extreme_values_fit_the_int16_sums(qtype: T, kernels: KernelSet) -> None:
     """Every value at 31 (all fifth bits set) or 0 against activations at +-127: the largest pair sums
     the byte-pair kernel adds in int16, and every fifth-bit plane position."""
     rows, cols = 70, 256
@@ -196,7 +218,7 @@ def test_q5_extreme_values_fit_the_int16_sums(qtype: T) -> None:
     raw[rows // 2 :, :, head:] = 0
     raw[rows // 2 :, 1::2, head : head + 4] = np.array([0x55, 0xAA, 0x0F, 0xF0], np.uint8)
     raw = raw.reshape(-1)
-    m = ExactMatrix(raw, qtype, rows, cols)
+    m = ExactMatrix(raw, qtype, rows, cols, kernels)
     x = np.full((3, cols), 1000.0, np.float32)
     x[1] = -1000.0
     x[2, ::2] = -1000.0
@@ -206,15 +228,9 @@ def test_q5_extreme_values_fit_the_int16_sums(qtype: T) -> None:
     assert _same(m.matvec(x[2]), want[2])
 
 
-def test_pairs_kernels_in_use_on_avx2_cpus() -> None:
-    import llvmlite.binding as llvm
-
-    host = llvm.get_host_cpu_features()
-    assert bool(host.get("avx2") and host.get("f16c")) == pairs.AVAILABLE
-
-
+@pytest.mark.parametrize("kernels", KERNEL_SETS, ids=_ids)
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0], ids=lambda t: t.name)
-def test_extreme_values_fit_the_integer_sums(qtype: T) -> None:
+def test_extreme_values_fit_the_integer_sums(qtype: T, kernels: KernelSet) -> None:
     """The largest integer sums of a block: every value at its top or bottom (Q8_0: -128, which the quads'
     unsigned bytes hold as 0, and 127) against activations at +-127, for one token and for a prompt's path
     (``quads`` from ``QUAD_TOKENS`` tokens on, with VNNI)."""
@@ -225,7 +241,7 @@ def test_extreme_values_fit_the_integer_sums(qtype: T) -> None:
     raw[rows // 2 :, :, head:] = 0x7F if qtype == T.Q8_0 else 0
     raw[rows // 2 :, 1::2, head : head + 4] = np.array([0x55, 0xAA, 0x0F, 0xF0], np.uint8)
     raw = raw.reshape(-1)
-    m = ExactMatrix(raw, qtype, rows, cols)
+    m = ExactMatrix(raw, qtype, rows, cols, kernels)
     x = np.full((quads.QUAD_TOKENS + 1, cols), 1000.0, np.float32)
     x[1] = -1000.0
     x[2, ::2] = -1000.0
@@ -236,21 +252,14 @@ def test_extreme_values_fit_the_integer_sums(qtype: T) -> None:
         assert _same(m.matvec(x[t]), want[t])
 
 
-def test_quads_kernels_in_use_on_cpus_with_avx512_vnni() -> None:
-    import llvmlite.binding as llvm
-
-    host = llvm.get_host_cpu_features()
-    vnni = all(host.get(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
-    assert (pairs.AVAILABLE and vnni) == quads.AVAILABLE
-
-
 _AVX2_CHILD = """
 import numpy as np
 from exact_cases import make_acts, weights
 from gguf import GGMLQuantizationType as T
-from llama_quant.kernels import ExactMatrix, pairs, quads, ref
+from llama_quant.cpu import KernelSet, host_kernel_set
+from llama_quant.kernels import ExactMatrix, ref
 
-assert pairs.AVAILABLE and not pairs.WIDE and not quads.AVAILABLE, "not an AVX2-only target"
+assert host_kernel_set() is KernelSet.AVX2, "not an AVX2-only target"
 for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
     rows, cols = 70, 512
     raw = weights(qtype, rows, cols, seed=int(qtype))
@@ -268,9 +277,9 @@ _AVX2_FEATURES = ("sse", "sse2", "sse3", "ssse3", "sse4.1", "sse4.2", "avx", "av
 
 
 def test_byte_pair_kernels_on_an_avx2_only_target() -> None:
-    """The byte-pair kernels as a CPU with AVX2 and no AVX-512 runs them, whatever this host has: a child
-    process with numba's target set to such a CPU (on an AVX-512 host the tests above take ``quads`` and
-    the 512-bit lane kernels instead)."""
+    """The byte-pair kernels as a CPU with AVX2 and no AVX-512 compiles and runs them, whatever this host
+    has: a child process with numba's target set to such a CPU, where the AVX2 set is the default (no
+    AVX-512 instruction may reach its code, which the AVX2 set on an AVX-512 host cannot show)."""
     import os
     import subprocess
     import sys
@@ -286,3 +295,42 @@ def test_byte_pair_kernels_on_an_avx2_only_target() -> None:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
     child = subprocess.run([sys.executable, "-c", _AVX2_CHILD], env=env, capture_output=True, text=True)
     assert child.returncode == 0 and child.stdout.strip() == "checked", child.stderr[-2000:]
+
+
+_LANES_CHILD = """
+import numpy as np
+from exact_cases import make_acts, weights
+from gguf import GGMLQuantizationType as T
+from llama_quant.cpu import KernelSet
+from llama_quant.kernels import ExactMatrix, ref
+
+for kernels in ({order}):
+    for qtype in (T.Q4_K, T.Q6_K):
+        raw = weights(qtype, 70, 512, seed=int(qtype))
+        x = make_acts("outliers", 5, 512, seed=5)
+        want = np.empty((5, 70), np.float32)
+        ref.matmul(want, raw, qtype, 70, 512, x)
+        assert np.array_equal(ExactMatrix(raw, qtype, 70, 512, kernels).matmul(x), want), (kernels, qtype)
+print("checked")
+"""
+
+
+@pytest.mark.skipif(host_kernel_set() < KernelSet.AVX512, reason="needs a CPU that runs both lane widths")
+@pytest.mark.parametrize("order", ["KernelSet.AVX512, KernelSet.AVX2", "KernelSet.AVX2, KernelSet.AVX512"])
+def test_both_lane_widths_keep_their_own_cached_code(order: str) -> None:
+    """The K types' 256- and 512-bit lane kernels are two compiled functions with two cache entries: fresh
+    processes that load them from numba's cache, in either order, each get ggml's numbers (one shared
+    cache entry would hand one width the other's machine code)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert klanes.mm_k256 is not klanes.mm_k512
+    assert klanes.mm_k256.py_func.__qualname__ != klanes.mm_k512.py_func.__qualname__
+    env = {**os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    for _ in range(2):  # the first child may compile; the second loads both from the cache
+        code = _LANES_CHILD.format(order=order)
+        child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert child.returncode == 0 and child.stdout.strip() == "checked", child.stderr[-2000:]

@@ -10,8 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llama_quant import quantize
-from llama_quant.kernels import release_worker_threads
-from llama_quant.kernels import ExactMatrix
+from llama_quant.kernels import ExactMatrix, release_worker_threads
 
 
 def _threads() -> int:

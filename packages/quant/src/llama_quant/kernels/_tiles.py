@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["N_CHUNKS", "TILE_ROWS", "f16_field", "n_tiles", "row_minor", "tile_rows"]
+__all__ = ["N_CHUNKS", "SPREAD_TOKENS", "TILE_ROWS", "f16_field", "n_tiles", "row_minor", "tile_rows"]
 
 TILE_ROWS = 64  # rows per tile: 64 lanes of the innermost loop
 N_CHUNKS = 2  # prange chunks: one per core of the 2-core target
@@ -41,3 +41,6 @@ def row_minor(a: np.ndarray) -> np.ndarray:
 def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
     """The little-endian f16 at byte ``offset`` of every block, as f32."""
     return blocks[..., offset : offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+SPREAD_TOKENS = 16  # from this many tokens on, the activations are rearranged on all threads (in 16 parts)

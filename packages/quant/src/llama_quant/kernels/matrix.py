@@ -3,11 +3,14 @@ results bit for bit (ggml's generic C kernels: the activations quantized to the 
 reference quantizer, then one ``vec_dot`` per output element).
 
 A batch gives, row by row, exactly the numbers of one ``matvec`` per token (ggml's mul_mat calls the same
-vec_dot per element), so results do not depend on how tokens are batched. On CPUs with AVX2, products of
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K go through ``pairs`` for every token count (byte-pair
-multiply-adds on tiles stored at load in the order those kernels read): other integer arithmetic, the same
-sums, the same float steps. With AVX-512 VNNI as well, Q8_0 goes through ``quads`` (4-byte dot products)
-for every token count, and Q4_0, Q4_1, Q5_0 and Q5_1 from ``quads.QUAD_TOKENS`` tokens on.
+vec_dot per element), so results do not depend on how tokens are batched. The kernels come from the kernel
+set the matrix is built with (``llama_quant.cpu.KernelSet``), one table per set built once (``_SPECS``):
+PORTABLE runs ``blocks32``, ``kquants`` and ``floats`` (plain loops, any CPU); AVX2 runs Q4_0, Q4_1,
+Q5_0, Q5_1 and Q8_0 through ``pairs`` and Q4_K and Q6_K through ``klanes``' 256-bit lanes, for every token
+count (byte-pair multiply-adds on tiles stored at load in the order those kernels read: other integer
+arithmetic, the same sums, the same float steps); AVX512 runs Q8_0 through ``quads`` (VNNI 4-byte dot
+products) for every token count, Q4_0, Q4_1, Q5_0 and Q5_1 from ``quads.QUAD_TOKENS`` tokens on, and the
+K types' lanes on 512-bit vectors.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from . import act, blocks32, floats, kquants, pairs, quads
+from ..cpu import KernelSet, resolve_kernel_set
+from . import act, blocks32, floats, klanes, kquants, pairs, quads
+from ._ir import f16_scales
 from .ref import vec_dot_type
 
 if TYPE_CHECKING:
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["SUPPORTED_TYPES", "Activations", "ExactMatrix"]
 
 _PARALLEL_ROWS = 8  # from this many tokens on, activations are quantized on all threads
+_NEVER = 1 << 62  # a token count no call reaches
 
 
 class Activations:
@@ -122,92 +128,94 @@ class _Spec:
     run: Callable[..., None]  # (arrays, out, acts tuple, n, rows, nb)
 
 
-def _q4(name: str) -> _Spec:
-    """Q4_0 (no min) and Q4_1. With AVX2 the nibbles are regrouped at load (``pairs.q4_pair_layout``) and
-    ``pairs.mm_q4`` serves every token count (with VNNI, ``quads.mm_q4`` from ``quads.QUAD_TOKENS`` on)."""
+def _q4(name: str, ks: KernelSet) -> _Spec:
+    """Q4_0 (no min) and Q4_1. From AVX2 on the nibbles are regrouped at load (``pairs.q4_pair_layout``) and
+    ``pairs.mm_q4`` serves every token count (AVX-512: ``quads.mm_q4`` from ``quads.QUAD_TOKENS`` on);
+    portable: ``blocks32.mv_q4`` on ``blocks32``'s tiles."""
+    has_min = name == "Q4_1"
+    portable = ks is KernelSet.PORTABLE
+    few = blocks32.mv_q4 if portable else pairs.mm_q4
+    many, many_from = (quads.mm_q4, quads.QUAD_TOKENS) if ks >= KernelSet.AVX512 else (few, _NEVER)
 
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         arrays = blocks32.pack(name, raw, r, c)
-        if pairs.AVAILABLE:
-            return (pairs.q4_pair_layout(arrays[0], c // 32), *map(pairs.f16_scales, arrays[1:]))
-        return arrays
-
-    has_min = name == "Q4_1"
+        if portable:
+            return arrays
+        return (pairs.q4_pair_layout(arrays[0], c // 32), *map(f16_scales, arrays[1:]))
 
     def run(
         a: tuple[np.ndarray, ...], o: np.ndarray, x: tuple[np.ndarray, ...], n: int, r: int, nb: int
     ) -> None:
         m = a[2] if has_min else a[1]  # Q4_0: d in the min's place, never read
-        if quads.AVAILABLE and n >= quads.QUAD_TOKENS:
-            quads.mm_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
-        elif pairs.AVAILABLE:
-            pairs.mm_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
-        else:
-            blocks32.mv_q4(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
+        (many if n >= many_from else few)(o, a[0], a[1], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
 
     return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
 
 
-def _q5(name: str) -> _Spec:
-    """Q5_0 and Q5_1. With AVX2 the low nibbles are stored as Q4's and the fifth bits as bit planes
-    (``pairs.q5_pair_layout``), and one kernel serves every token count (with VNNI, ``quads.mm_q5`` from
-    ``quads.QUAD_TOKENS`` on). Without AVX2 Q5_0 runs as the Q8_0
-    it widens to (``_q8``) and Q5_1 on its raw blocks (``blocks32.mv_q5``)."""
+def _q5(name: str, ks: KernelSet) -> _Spec:
+    """Q5_0 and Q5_1. From AVX2 on the low nibbles are stored as Q4's and the fifth bits as bit planes
+    (``pairs.q5_pair_layout``), and one kernel serves every token count (AVX-512: ``quads.mm_q5`` from
+    ``quads.QUAD_TOKENS`` on). Portable: Q5_0 runs as the Q8_0 it widens to (``_q8``), Q5_1 on its raw
+    blocks (``blocks32.mv_q5``)."""
     has_min = name == "Q5_1"
-    if not pairs.AVAILABLE:
+    bb = blocks32.BLOCK_BYTES[name]
+    if ks is KernelSet.PORTABLE:
         if not has_min:
-            return _q8(name)
+            return _q8(name, ks)
         return _Spec(
             32,
-            blocks32.BLOCK_BYTES[name],
+            bb,
             "q8",
             lambda raw, r, c: blocks32.pack(name, raw, r, c),
             lambda a, o, x, n, r, nb: blocks32.mv_q5(o, *a, *x, n, r, nb, True),  # type: ignore[call-arg]
         )
+    many, many_from = (quads.mm_q5, quads.QUAD_TOKENS) if ks >= KernelSet.AVX512 else (pairs.mm_q5, _NEVER)
 
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         qs, qh, d, *m = blocks32.pack(name, raw, r, c)
-        scales = pairs.f16_scales(d), pairs.f16_scales(m[0]) if m else np.zeros(0, np.uint16)
+        scales = f16_scales(d), f16_scales(m[0]) if m else np.zeros(0, np.uint16)
         return (*pairs.q5_pair_layout(qs, qh, c // 32), *scales)
 
     def run(
         a: tuple[np.ndarray, ...], o: np.ndarray, x: tuple[np.ndarray, ...], n: int, r: int, nb: int
     ) -> None:
         m = a[3] if has_min else a[2]  # Q5_0: d in the min's place, never read
-        kernel = quads.mm_q5 if quads.AVAILABLE and n >= quads.QUAD_TOKENS else pairs.mm_q5
+        kernel = many if n >= many_from else pairs.mm_q5
         kernel(o, a[0], a[1], a[2], m, *x, n, r, nb, has_min)  # type: ignore[call-arg]
 
-    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
+    return _Spec(32, bb, "q8", pack, run)
 
 
-def _q8(name: str) -> _Spec:
-    """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22: without AVX2,
-    and where Q5_0 rows stack with Q8_0 ones). With AVX2 the tiles are stored in byte pairs
-    (``pairs.q8_pair_layout``), with AVX-512 VNNI in quads (``quads.q8_quad_layout``), and one kernel
-    serves every token count."""
+def _q8(name: str, ks: KernelSet) -> _Spec:
+    """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22: portable, and
+    where Q5_0 rows stack with Q8_0 ones). AVX2 stores the tiles in byte pairs (``pairs.q8_pair_layout``),
+    AVX-512 in quads (``quads.q8_quad_layout``); one kernel serves every token count."""
 
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
         if name == "Q5_0":
             raw = blocks32.q5_0_as_q8_0(raw, r, c)
         qs, d = blocks32.pack("Q8_0", raw, r, c)
-        if quads.AVAILABLE:
-            return quads.q8_quad_layout(qs, c // 32), pairs.f16_scales(d)
-        return (pairs.q8_pair_layout(qs, c // 32), pairs.f16_scales(d)) if pairs.AVAILABLE else (qs, d)
+        if ks is KernelSet.PORTABLE:
+            return qs, d
+        layout = quads.q8_quad_layout if ks >= KernelSet.AVX512 else pairs.q8_pair_layout
+        return layout(qs, c // 32), f16_scales(d)
 
-    if quads.AVAILABLE:
+    if ks >= KernelSet.AVX512:
         run = lambda a, o, x, n, r, nb: quads.mm_q8(o, a[0], a[1], x[0], x[1], x[3], n, r, nb)  # noqa: E731
-    elif pairs.AVAILABLE:
+    elif ks is KernelSet.AVX2:
         run = lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
     else:
         run = lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
     return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
 
 
-def _k(qtype: T, bb: int) -> _Spec:
-    if qtype in (T.Q4_K, T.Q6_K) and pairs.AVAILABLE:  # stored for the byte-pair kernels, every token count
-        pk = lambda raw, r, c: pairs.k_pair_layout(qtype, kquants.pack(qtype, raw, r, c), c // 256)  # noqa: E731
-        mm = pairs.mm_q4k if qtype == T.Q4_K else pairs.mm_q6k
-        return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: mm(o, *a, *x, n, r, nb))  # type: ignore[call-arg]
+def _k(qtype: T, bb: int, ks: KernelSet) -> _Spec:
+    """The K types: from AVX2 on, Q4_K and Q6_K are stored for the lane kernels (``klanes``: 256-bit
+    vectors under AVX2, 512-bit under AVX-512) for every token count; the rest run ``kquants``."""
+    if qtype in (T.Q4_K, T.Q6_K) and ks is not KernelSet.PORTABLE:
+        pk = lambda raw, r, c: klanes.k_pair_layout(qtype, kquants.pack(qtype, raw, r, c), c // 256)  # noqa: E731
+        mm, q6 = (klanes.mm_k512 if ks >= KernelSet.AVX512 else klanes.mm_k256), qtype == T.Q6_K
+        return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: mm(o, *a, *x, n, r, nb, q6))  # type: ignore[call-arg]
     pk = lambda raw, r, c: kquants.pack(qtype, raw, r, c)  # noqa: E731
     kind = kquants.KIND[qtype]
     if qtype == T.Q4_K:
@@ -227,29 +235,36 @@ def _f(qtype: T, bb: int, fmt: str) -> _Spec:
     )
 
 
-_SPECS: dict[T, _Spec] = {
-    T.Q4_0: _q4("Q4_0"),
-    T.Q4_1: _q4("Q4_1"),
-    T.Q5_0: _q5("Q5_0"),
-    T.Q5_1: _q5("Q5_1"),
-    T.Q8_0: _q8("Q8_0"),
-    T.Q2_K: _k(T.Q2_K, 84),
-    T.Q3_K: _k(T.Q3_K, 110),
-    T.Q4_K: _k(T.Q4_K, 144),
-    T.Q5_K: _k(T.Q5_K, 176),
-    T.Q6_K: _k(T.Q6_K, 210),
-    T.F16: _f(T.F16, 2, "f16"),
-    T.BF16: _f(T.BF16, 2, "bf16"),
-    T.F32: _f(T.F32, 4, "f32"),
-}
+def _specs(ks: KernelSet) -> dict[T, _Spec]:
+    """Every supported type's layout and kernels under the kernel set ``ks``."""
+    return {
+        T.Q4_0: _q4("Q4_0", ks),
+        T.Q4_1: _q4("Q4_1", ks),
+        T.Q5_0: _q5("Q5_0", ks),
+        T.Q5_1: _q5("Q5_1", ks),
+        T.Q8_0: _q8("Q8_0", ks),
+        T.Q2_K: _k(T.Q2_K, 84, ks),
+        T.Q3_K: _k(T.Q3_K, 110, ks),
+        T.Q4_K: _k(T.Q4_K, 144, ks),
+        T.Q5_K: _k(T.Q5_K, 176, ks),
+        T.Q6_K: _k(T.Q6_K, 210, ks),
+        T.F16: _f(T.F16, 2, "f16"),
+        T.BF16: _f(T.BF16, 2, "bf16"),
+        T.F32: _f(T.F32, 4, "f32"),
+    }
 
-SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS)
+
+# Built once: a table per kernel set. Nothing is compiled until a kernel first runs, so the sets a host
+# cannot run cost nothing (and are refused by ``resolve_kernel_set`` before they are used).
+_SPECS: dict[KernelSet, dict[T, _Spec]] = {ks: _specs(ks) for ks in KernelSet}
+
+SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS[KernelSet.PORTABLE])
 _WIDENS_TO = {T.Q5_0: T.Q8_0}  # types whose rows convert exactly to another type's (to stack with them)
 
 
 def _raw_bytes(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
     """``raw`` as flat bytes, checked to hold a ``rows`` x ``cols`` matrix of ``qtype`` (a supported type)."""
-    spec = _SPECS[qtype]
+    spec = _SPECS[KernelSet.PORTABLE][qtype]  # block sizes are the same in every kernel set
     if cols % spec.block:
         raise ValueError(f"{qtype.name} needs cols divisible by {spec.block}, got {cols}")
     flat = np.asarray(raw).reshape(-1).view(np.uint8)
@@ -263,14 +278,21 @@ class ExactMatrix:
 
     ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy view
     of the GGUF mmap is fine). It is repacked at construction into tiles of 64 rows and not referenced
-    afterwards (Q4_*, Q5_*, Q8_0 and Q4_K keep about the raw size; Q5_0 stacked with Q8_0, or without AVX2,
-    is widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, F16/BF16 to f32)."""
+    afterwards (Q4_*, Q5_*, Q8_0 and Q4_K keep about the raw size; Q5_0 stacked with Q8_0, or portable, is
+    widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, F16/BF16 to f32).
 
-    def __init__(self, raw: np.ndarray, qtype: T | int, rows: int, cols: int) -> None:
+    ``kernels`` is the kernel set whose layouts and kernels the matrix takes (``llama_quant.cpu``); None:
+    ``resolve_kernel_set(None)`` (``LLAMA_KERNELS``, else the host's best). A set the host cannot run raises
+    ``ValueError``."""
+
+    def __init__(
+        self, raw: np.ndarray, qtype: T | int, rows: int, cols: int, kernels: KernelSet | None = None
+    ) -> None:
         self.qtype = T(qtype)
-        if self.qtype not in _SPECS:
+        if self.qtype not in SUPPORTED_TYPES:
             raise ValueError(f"no exact kernel for {self.qtype.name}")
-        spec = _SPECS[self.qtype]
+        self.kernels = resolve_kernel_set(kernels)
+        spec = _SPECS[self.kernels][self.qtype]
         flat = _raw_bytes(raw, self.qtype, rows, cols)
         self.rows, self.cols = rows, cols
         self.vec_dot_type = vec_dot_type(self.qtype)
@@ -281,13 +303,15 @@ class ExactMatrix:
         self._acts1 = Activations(cols, 1)  # matvec's own input buffers
 
     @classmethod
-    def from_gguf(cls, f: gguf_io.GGUFFile, name: str) -> ExactMatrix:
+    def from_gguf(cls, f: gguf_io.GGUFFile, name: str, kernels: KernelSet | None = None) -> ExactMatrix:
         """The 2-D tensor ``name`` of an open GGUF file (ggml shape (cols, rows): ne0 is the row length)."""
         info = f.tensors[name]
-        return cls(f.tensor_bytes(name), info.ggml_type, math.prod(info.shape[1:]), info.shape[0])
+        return cls(f.tensor_bytes(name), info.ggml_type, math.prod(info.shape[1:]), info.shape[0], kernels)
 
     @classmethod
-    def stacked(cls, parts: Sequence[tuple[np.ndarray, T | int, int]], cols: int) -> ExactMatrix | None:
+    def stacked(
+        cls, parts: Sequence[tuple[np.ndarray, T | int, int]], cols: int, kernels: KernelSet | None = None
+    ) -> ExactMatrix | None:
         """One matrix holding the rows of ``parts`` (``(raw, qtype, rows)`` each, ``cols`` columns) in order:
         one kernel launch instead of several, with the same numbers (each output is its own row's product).
         Parts stack when they have one type, or are Q5_0 and Q8_0 (the Q5_0 rows widened to Q8_0,
@@ -304,7 +328,7 @@ class ExactMatrix:
             if T(q) != qtype:  # Q5_0 among Q8_0 parts
                 flat = blocks32.q5_0_as_q8_0(flat, rows, cols).reshape(-1)
             flats.append(flat)
-        return cls(np.concatenate(flats), qtype, sum(rows for _, _, rows in parts), cols)
+        return cls(np.concatenate(flats), qtype, sum(rows for _, _, rows in parts), cols, kernels)
 
     @property
     def nbytes(self) -> int:

@@ -13,8 +13,8 @@ tokens of a call (``_q4_as_quads``, ``_q5_as_quads``). Q8_0 is stored in quads a
 unsigned byte, and the 128 times the block's activation sum taken off afterwards, as Q4_0 and Q5_0 take
 off their 8 and 16 (``sumi = sum u * x - offset * sum x``); every value fits: 255 * 127 * 32 < 2^31.
 
-``AVAILABLE`` says whether this CPU (and numba's target) has AVX-512 with VNNI; without it the callers use
-``pairs``.
+The instructions are AVX-512 VNNI's: a matrix takes these kernels only under ``KernelSet.AVX512``
+(``llama_quant.cpu``), chosen when it is built.
 """
 
 from __future__ import annotations
@@ -25,22 +25,12 @@ from llvmlite import ir
 from numba import int32, prange, types
 from numba.extending import intrinsic
 
-from . import pairs
-from .pairs import (
-    _IR,
-    _V16I16,
-    _V16I32,
-    _V32I8,
-    _V32I16,
-    _finish_block,
-    _pair_vectors,
-    _store_tile,
-    _widen_f16,
-)
+from ._ir import IR, V16I16, V16I32, V32I8, V32I16, widen_f16
+from ._tiles import SPREAD_TOKENS
+from .pairs import _finish_block, _pair_vectors, _store_tile
 
-__all__ = ["AVAILABLE", "QUAD_TOKENS", "mm_q4", "mm_q5", "mm_q8", "q8_quad_layout"]
+__all__ = ["QUAD_TOKENS", "mm_q4", "mm_q5", "mm_q8", "q8_quad_layout"]
 
-AVAILABLE = pairs.WIDE and pairs.cpu_has("avx512vl", "avx512vnni")
 # From this many tokens on, Q4 and Q5 blocks are turned into quads once per call (fewer: ``pairs``' kernels,
 # which read the stored bytes once per token).
 QUAD_TOKENS = 3
@@ -78,8 +68,8 @@ def _scratch(size):  # pragma: no cover - numba
     return buf[start : start + size]
 
 
-def _vpdpbusd(f: _IR, acc, u, x):  # type: ignore[no-untyped-def]
-    return f._call("llvm.x86.avx512.vpdpbusd.512", _V16I32, acc, u, x)
+def _vpdpbusd(f: IR, acc, u, x):  # type: ignore[no-untyped-def]
+    return f._call("llvm.x86.avx512.vpdpbusd.512", V16I32, acc, u, x)
 
 
 @intrinsic
@@ -89,18 +79,18 @@ def _quads_dot(typingctx, acc, u, uoff, xw, xoff):  # type: ignore[no-untyped-de
     sig = types.void(acc, u, types.intp, xw, types.intp)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        f = _IR(context, builder, signature, args)
+        f = IR(context, builder, signature, args)
         uoff, xoff = args[2], args[4]
         acc_p, u_p, x_p = f.data(0), f.data(1), f.data(3)
-        zero = ir.Constant(_V16I32, None)
+        zero = ir.Constant(V16I32, None)
         sums = [[zero, zero] for _ in range(4)]
         for k in range(8):
-            x = f.broadcast(x_p, xoff, k, _V16I32)
+            x = f.broadcast(x_p, xoff, k, V16I32)
             for c in range(4):
-                w = f.load(u_p, uoff, k * 256 + c * 64, _V16I32, 1)
+                w = f.load(u_p, uoff, k * 256 + c * 64, V16I32, 1)
                 sums[c][k % 2] = _vpdpbusd(f, sums[c][k % 2], w, x)
         for c in range(4):
-            at = f.at(acc_p, ir.Constant(ir.IntType(32), 0), c * 16, _V16I32)
+            at = f.at(acc_p, ir.Constant(ir.IntType(32), 0), c * 16, V16I32)
             builder.store(builder.add(sums[c][0], sums[c][1]), at, align=4)
         return context.get_dummy_value()
 
@@ -112,7 +102,7 @@ def _as_quads(dst, u, uoff, hb):  # type: ignore[no-untyped-def]
     sig = types.void(dst, u, types.intp, *((hb, types.intp) if planes else ()))
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        f = _IR(context, builder, signature, args)
+        f = IR(context, builder, signature, args)
         dst_p, u_p, uoff = f.data(0), f.data(1), args[2]
         zero = ir.Constant(ir.IntType(32), 0)
         for k in range(8):
@@ -121,13 +111,13 @@ def _as_quads(dst, u, uoff, hb):  # type: ignore[no-untyped-def]
                 bits = None
                 if planes:
                     hoff = builder.add(args[4], ir.Constant(args[4].type, (j // 4) * 64))
-                    bits = [f.load(f.data(3), hoff, 32 * i, _V32I8, 1) for i in range(2)]
+                    bits = [f.load(f.data(3), hoff, 32 * i, V32I8, 1) for i in range(2)]
                 goff = builder.add(uoff, ir.Constant(uoff.type, (j // 4) * 256))
                 pair.append(_pair_vectors(f, u_p, goff, bits, j % 4))
             for c in range(4):
-                a, b = (builder.bitcast(v[c], _V16I16) for v in pair)
+                a, b = (builder.bitcast(v[c], V16I16) for v in pair)
                 quad = builder.shuffle_vector(a, b, _INTERLEAVE)
-                builder.store(quad, f.at(dst_p, zero, k * 256 + c * 64, _V32I16), align=1)
+                builder.store(quad, f.at(dst_p, zero, k * 256 + c * 64, V32I16), align=1)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -161,10 +151,9 @@ def _activation_quads(xw, xq, t0, t1, nb):  # pragma: no cover - numba
 def _quad_words(xq, n, nb):  # pragma: no cover - numba
     """``_activation_quads`` of n tokens, on all threads for a prompt."""
     xw = np.empty((n, nb * 8), np.uint32)
-    if n >= pairs._SPREAD_TOKENS:
-        parts = pairs._SPREAD_TOKENS
-        for c in prange(parts):
-            _activation_quads(xw, xq, c * n // parts, (c + 1) * n // parts, nb)
+    if n >= SPREAD_TOKENS:
+        for c in prange(SPREAD_TOKENS):
+            _activation_quads(xw, xq, c * n // SPREAD_TOKENS, (c + 1) * n // SPREAD_TOKENS, nb)
     else:
         _activation_quads(xw, xq, 0, n, nb)
     return xw
@@ -175,9 +164,9 @@ def _quad_tokens(ys, acc, dw, mw, u, uoff, d, m, xw, xd, xs, xsum, n, b, kind, b
     """ys[t, 0:64] += block b of a tile in quads (``u[uoff:]``) for every token t, with ``pairs._finish_block``'s
     float step ``kind`` (0: with a min, Q4_1 / Q5_1; 1: Q4_0; 2: Q5_0 / Q8_0) and ``bias`` times the block's
     activation sum taken off the integer sum. acc, dw, mw: scratch of 64."""
-    _widen_f16(dw, d, b * 64)  # type: ignore[call-arg]
+    widen_f16(dw, d, b * 64)  # type: ignore[call-arg]
     if kind == 0:
-        _widen_f16(mw, m, b * 64)  # type: ignore[call-arg]
+        widen_f16(mw, m, b * 64)  # type: ignore[call-arg]
     for t in range(n):
         _quads_dot(acc, u, uoff, xw[t], b * 8)  # type: ignore[call-arg]
         offset = int32(bias * int32(xsum[t, 2 * b] + xsum[t, 2 * b + 1]))
