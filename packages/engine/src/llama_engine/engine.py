@@ -30,6 +30,7 @@ from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, Pooling, 
 from .scheduler import Scheduler, SlotState
 from .state_file import PoolState, SeqState, StateFileError, model_fingerprint, read_state, write_state
 from .tokenizer import Tokenizer
+from .warmup import warm_up
 
 __all__ = [
     "EmbeddingHandle",
@@ -222,12 +223,10 @@ class Engine:
             self._thread = None
 
     def warmup(self) -> None:
-        """Compile every kernel on the real shapes (one prompt chunk and one decode step), then forget."""
-        seq = self.config.n_parallel
-        bos = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
-        self.model.forward(Batch.single([bos] * 12, seq), self.kv)
-        self.model.forward(Batch.single([bos], seq, 12), self.kv)
-        self.kv.seq_rm(seq)
+        """Make every kernel a request runs ready (a prompt chunk, a decode step, the default sampler
+        chains): loaded from numba's cache, or first compiled in parallel processes that report progress
+        (`llama_engine.warmup.warm_up`)."""
+        warm_up(self)
 
     # -- requests ----------------------------------------------------------------------------------------
 
