@@ -32,13 +32,13 @@ def test_every_architecture_is_registered() -> None:
 def test_cached_decode_equals_full_forward(model) -> None:
     seq = _tokens(12, 1)
     kv = model.make_kv_cache(64)
-    full, _ = model.forward(Batch.single(seq, all_logits=True), kv)
+    full = model.forward(Batch.single(seq, all_logits=True), kv)[0].copy()  # a view valid until the next
     kv.clear()
     model.forward(Batch.single(seq[:7]), kv)
     steps = []
     for i in range(7, 12):
         logits, _ = model.forward(Batch.single([seq[i]], 0, i), kv)
-        steps.append(logits[0])
+        steps.append(logits[0].copy())
     # The same numerics per token whatever the batch: equal to the bit.
     np.testing.assert_array_equal(np.stack(steps), full[7:])
     assert np.isfinite(full).all() and full.std() > 0
@@ -47,7 +47,7 @@ def test_cached_decode_equals_full_forward(model) -> None:
 def test_batch_invariance_across_sequences(model) -> None:
     a, b = _tokens(9, 2), _tokens(5, 3)
     kv = model.make_kv_cache(64, n_seq_max=2)
-    alone, _ = model.forward(Batch.single(a, 0, all_logits=True), kv)
+    alone = model.forward(Batch.single(a, 0, all_logits=True), kv)[0].copy()
     kv.clear()
     mixed = Batch.concat([Batch.single(b, 1, all_logits=True), Batch.single(a, 0, all_logits=True)])
     together, _ = model.forward(mixed, kv)
@@ -58,7 +58,7 @@ def test_prefix_shared_between_sequences(model) -> None:
     """seq_cp shares cells: a second sequence continues from the first one's prefix, no recompute."""
     prefix, tail = _tokens(6, 4), _tokens(3, 5)
     kv = model.make_kv_cache(64, n_seq_max=2)
-    ref, _ = model.forward(Batch.single(prefix + tail, 0, all_logits=True), kv)
+    ref = model.forward(Batch.single(prefix + tail, 0, all_logits=True), kv)[0].copy()
     kv.clear()
     model.forward(Batch.single(prefix, 0), kv)
     kv.seq_cp(0, 1, 0, len(prefix))

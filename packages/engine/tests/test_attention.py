@@ -1,6 +1,7 @@
-"""ops.attention: a token's numbers do not depend on the batch around it (prompt blocks take the
-many-lane path, single tokens the few-lane one), for mixed sequences, sliding windows, grouped heads and
-both cache types; and the f16 cache rounds as ggml does."""
+"""ops.attention: equal to its numpy reference for both register-tile widths; a token's numbers do not
+depend on the batch around it (prompt blocks take the many-lane path, single tokens the few-lane one), for
+mixed sequences, sliding windows, grouped heads and both cache types; and the f16 cache rounds as ggml
+does."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import numpy as np
 import pytest
 
 from llama_engine import ops
+from llama_engine.ops import ref
+from llama_engine.ops.expf import expf_sse2
+from llama_quant.cpu import KernelSet
 
 
 def _ranges(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -79,3 +83,41 @@ def test_f16_cache_rounds_queries_and_probabilities() -> None:
     ops.attention(out32, q16, k.astype(np.float32), v.astype(np.float32), cells, lo, hi, n, 1, 1, d, 0.2)
     assert not np.array_equal(out16, out32)  # the probabilities' rounding shows
     np.testing.assert_allclose(out16, out32, rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("tile_cols", ops.TILE_WIDTHS)
+@pytest.mark.parametrize("kv_type", [np.float32, np.float16])
+@pytest.mark.parametrize(("n_head", "n_head_kv", "head_dim"), [(9, 3, 64), (4, 2, 16), (6, 1, 20)])
+def test_each_tile_width_equals_the_reference(
+    n_head: int, n_head_kv: int, head_dim: int, kv_type: type, tile_cols: int
+) -> None:
+    """Both many-lane tile widths (4 columns for AVX2 hosts, 8 for AVX-512 ones) run on any host and give
+    the numpy reference's numbers, for prompt blocks (many lanes) and single decode tokens (few lanes)."""
+    rng = np.random.default_rng(head_dim + tile_cols)
+    n = 23
+    cells, lo, hi, n_cells = _ranges(n, rng)
+    k = rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(kv_type)
+    v = rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(kv_type)
+    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
+    got = np.empty((n, n_head * head_dim), np.float32)
+    ops.attention(got, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.125, tile_cols)
+    want = np.empty_like(got)
+    ref.attention(want, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.125)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_tile_width_follows_the_kernel_set() -> None:
+    assert ops.tiles_for(KernelSet.AVX512) == 8
+    assert ops.tiles_for(KernelSet.AVX2) == ops.tiles_for(KernelSet.PORTABLE) == 4
+    with pytest.raises(ValueError, match="tile_cols"):
+        z = np.zeros((1, 4), np.float32)
+        ops.attention(z, z, z, z, np.zeros(1, np.int32), *np.zeros((2, 1), np.int32), 1, 1, 1, 4, 1.0, 6)
+
+
+def test_expf_reference_matches_the_kernel_off_the_main_path() -> None:
+    x = np.concatenate([np.linspace(-200, 100, 3001), [-88.5, -87.0, 88.0, -126.5 * np.log(2)]]).astype(
+        np.float32
+    )
+    with np.errstate(over="ignore"):
+        want = np.array([expf_sse2(np.float32(v)) for v in x], np.float32)
+    np.testing.assert_array_equal(ref.expf(x), want)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from llama_engine import ops
+from llama_engine.ops.expf import expf_sse2
 
 
 def _swiglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -17,7 +18,7 @@ def _swiglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     one = np.float32(1.0)
     with np.errstate(over="ignore"):  # expf(100) is inf in float32, as in C
         for i, (gi, ui) in enumerate(zip(g, u, strict=True)):
-            e = ops._expf_sse2(np.float32(0.0) - gi) if i < simd else np.float32(math.exp(-gi))
+            e = expf_sse2(np.float32(0.0) - gi) if i < simd else np.float32(math.exp(-gi))
             out[i] = gi / (one + e) * ui
     return out
 

@@ -18,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .batch import Batch
 
-__all__ = ["KV_TYPES", "MAX_SEQUENCES", "CellPool", "KVCache", "KVCacheFullError", "ShiftK"]
+__all__ = ["KV_TYPES", "MAX_SEQUENCES", "CellPool", "KVCache", "KVCacheFullError", "Placement", "ShiftK"]
 
 # Re-rotates the keys of `cells` in one layer's key array by a position delta: (layer, k, cells, delta).
 ShiftK = Callable[[int, np.ndarray, np.ndarray, int], None]
@@ -47,6 +47,17 @@ class _Ranges:
     cells: np.ndarray  # int32, the concatenated position-sorted cell lists of the batch's sequences
     lo: np.ndarray  # int32 [n]
     hi: np.ndarray  # int32 [n]
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where a batch went, per pool (``KVCache.pools`` order): the cells its tokens were stored in and the
+    ranges each token attends to; ``n_pos`` is one past the batch's highest position (the RoPE tables'
+    length). One per cache, refilled by every ``KVCache.place``."""
+
+    cells: list[np.ndarray]
+    ranges: list[_Ranges]
+    n_pos: int = 0
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -290,6 +301,7 @@ class KVCache:
         full_layers = [il for il in range(n_layer) if il not in swa_layers]
         self.pools: list[CellPool] = []
         self._pool_of: dict[int, CellPool] = {}
+        self._pool_index: dict[int, int] = {}
         if full_layers:
             self._add_pool(CellPool(n_ctx, full_layers, kv_dim, None, type_k, type_v))
         if swa_layers:
@@ -301,9 +313,17 @@ class KVCache:
         self.pools.append(pool)
         for il in pool.layers:
             self._pool_of[il] = pool
+            self._pool_index[il] = len(self.pools) - 1
+        self._placement = Placement(
+            [_EMPTY] * len(self.pools), [_Ranges(_EMPTY, _EMPTY, _EMPTY)] * len(self.pools)
+        )
 
     def pool(self, layer: int) -> CellPool:
         return self._pool_of[layer]
+
+    def pool_index(self, layer: int) -> int:
+        """The index in ``pools`` (and in a ``Placement``) of the pool holding ``layer``."""
+        return self._pool_index[layer]
 
     @property
     def nbytes(self) -> int:
@@ -315,18 +335,19 @@ class KVCache:
     def seq_pos_max(self, seq: int) -> int:
         return max(p.seq_pos_max(seq) for p in self.pools)
 
-    def place(self, batch: Batch) -> dict[int, tuple[np.ndarray, _Ranges]]:
+    def place(self, batch: Batch) -> Placement:
         """Allocate cells for every token of the batch in every pool (all or nothing), and compute
-        each token's attention range; keyed by id(pool)."""
+        each token's attention range (the cache's one ``Placement``, valid until the next call)."""
         for p in self.pools:
             if p.n_free < batch.n:
                 p._reclaim_outside_windows()
             if p.n_free < batch.n:
                 raise KVCacheFullError(f"the KV cache has {p.n_free} free cells, the batch needs {batch.n}")
-        placed = {}
-        for p in self.pools:
-            cells = p.place(batch.seq, batch.pos)
-            placed[id(p)] = (cells, p.ranges(batch.seq, batch.pos))
+        placed = self._placement
+        for i, p in enumerate(self.pools):
+            placed.cells[i] = p.place(batch.seq, batch.pos)
+            placed.ranges[i] = p.ranges(batch.seq, batch.pos)
+        placed.n_pos = int(batch.pos.max()) + 1 if batch.n else 0
         return placed
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gguf_io import GGUFFile
+from llama_quant.cpu import KernelSet
 
 from . import gemma3, llama, phi3, qwen2, qwen3  # noqa: F401  (each registers itself)
 from .base import ARCHITECTURES, DecoderModel, ModelConfig, UnsupportedArchitectureError, register
@@ -17,12 +18,14 @@ __all__ = [
 ]
 
 
-def load_model(gguf: GGUFFile) -> DecoderModel:
-    """Build the model for the file's architecture; an unknown one names itself and the supported ones."""
+def load_model(gguf: GGUFFile, kernels: KernelSet | str | None = None) -> DecoderModel:
+    """Build the model for the file's architecture, its matrices and attention for the kernel set
+    ``kernels`` (``llama_quant.cpu.resolve_kernel_set``: None -> ``LLAMA_KERNELS`` or the host's best); an
+    unknown architecture names itself and the supported ones."""
     arch = gguf.header.architecture
     cls = ARCHITECTURES.get(arch)
     if cls is None:
         raise UnsupportedArchitectureError(
             f"architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
-    return cls(gguf)
+    return cls(gguf, kernels)

@@ -7,11 +7,13 @@ embedding scale, sliding-window layers) and registers itself under its `general.
     class Llama(DecoderModel): ...
 
 The forward pass takes a `Batch` mixing sequences and returns the logits of the tokens that asked for
-them. Weights stay quantized: each matrix is a `llama_quant.kernels.ExactMatrix`.
+them. Weights stay quantized: each matrix is a `llama_quant.kernels.ExactMatrix` built for the model's
+kernel set (chosen once, at load). Every step writes into one `Workspace` per model.
 """
 
 from __future__ import annotations
 
+import inspect
 import mmap
 import threading
 from dataclasses import dataclass, field
@@ -21,11 +23,13 @@ import numpy as np
 
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
 from llama_quant import dequantize
+from llama_quant.cpu import KernelSet, resolve_kernel_set
 from llama_quant.kernels import Activations, ExactMatrix
 
 from .. import ops
 from ..batch import Batch
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, Placement
+from .workspace import EMPTY, Workspace
 
 __all__ = [
     "ARCHITECTURES",
@@ -42,6 +46,9 @@ ARCHITECTURES: dict[str, type[DecoderModel]] = {}
 # per process: numba's fallback threading layer (workqueue, when neither OpenMP nor TBB is present) aborts on
 # concurrent parallel launches, and each model keeps reusable scratch buffers.
 _FORWARD_LOCK = threading.Lock()
+
+# Whether ExactMatrix takes the kernel set (the quant package's kernels= argument).
+_MATRIX_KERNELS = "kernels" in inspect.signature(ExactMatrix).parameters
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -114,7 +121,9 @@ class DecoderModel:
     rope_mode: ClassVar[int] = ops.ROPE_NORM
     activation: ClassVar[str] = "silu"  # "silu" (SwiGLU) or "gelu" (GeGLU)
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    def __init__(self, gguf: GGUFFile, kernels: KernelSet | str | None = None) -> None:
+        self.kernels = resolve_kernel_set(kernels)
+        self._tile_cols = ops.tiles_for(self.kernels)  # the attention's many-lane tile width
         self.header = gguf.header
         self.config = self.make_config(gguf.header)
         self._gguf = gguf
@@ -128,7 +137,7 @@ class DecoderModel:
         self.output: ExactMatrix = output
         self._rope: dict[float, np.ndarray] = {}
         self._scales = np.float32(self.q_scale()), np.float32(self.kq_scale())
-        self._acts: dict[int, Activations] = {}
+        self._ws: Workspace | None = None
         self._release_pages()
 
     # -- loading -----------------------------------------------------------------------------------------
@@ -169,7 +178,8 @@ class DecoderModel:
             return None
         if len(t.shape) != 2:
             raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected a matrix")
-        return ExactMatrix(self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
+        args = (self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
+        return ExactMatrix(*args, kernels=self.kernels) if _MATRIX_KERNELS else ExactMatrix(*args)
 
     def stacked(self, names: list[str]) -> ExactMatrix | None:
         """The matrices ``names`` stacked by rows into one (a single kernel launch for all of them, the same
@@ -186,6 +196,8 @@ class DecoderModel:
             for n, t in zip(names, infos, strict=True)
             if t is not None
         ]
+        if _MATRIX_KERNELS:
+            return ExactMatrix.stacked(parts, cols.pop(), kernels=self.kernels)
         return ExactMatrix.stacked(parts, cols.pop())
 
     def vec(self, name: str) -> np.ndarray:
@@ -258,6 +270,7 @@ class DecoderModel:
         type_v: str = "f16",
     ) -> KVCache:
         c = self.config
+        self.workspace(n_ubatch)
         return KVCache(
             n_ctx,
             c.n_layer,
@@ -294,113 +307,128 @@ class DecoderModel:
 
     # -- forward -----------------------------------------------------------------------------------------
 
-    def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Token embeddings [n, n_embd] (ggml_get_rows on token_embd), times the architecture's scale."""
-        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.config.n_vocab):
-            raise ValueError(f"token id out of range 0..{self.config.n_vocab - 1}")
-        rows = self._tok_embd_raw.reshape(self.config.n_vocab, self._tok_row_bytes)[tokens]
-        x = dequantize(rows, self.tok_embd_type, (len(tokens), self.config.n_embd)).astype(
-            np.float32, copy=False
-        )
-        if self.config.embed_scale != 1.0:
-            x = x * np.float32(self.config.embed_scale)
-        return np.ascontiguousarray(x)
+    def workspace(self, n_batch: int) -> Workspace:
+        """The model's buffers for batches of up to ``n_batch`` tokens (allocated once; a larger batch
+        allocates them again for its size)."""
+        ws = self._ws
+        if ws is None or ws.n_batch < n_batch:
+            c, lw = self.config, self.layers[0]
+            ws = self._ws = Workspace(
+                max(n_batch, 1),
+                c.n_embd,
+                c.n_head * c.head_dim,
+                c.n_head_kv * c.head_dim,
+                lw.w_down.cols,
+                c.n_vocab,
+                split_qkv=any(layer.wqkv is None for layer in self.layers),
+                split_gate_up=any(layer.w_gate is not None for layer in self.layers),
+            )
+        return ws
+
+    def embed(self, tokens: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Token embeddings [n, n_embd] (ggml_get_rows on token_embd), times the architecture's scale,
+        written into ``out`` if given."""
+        c = self.config
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= c.n_vocab):
+            raise ValueError(f"token id out of range 0..{c.n_vocab - 1}")
+        rows = self._tok_embd_raw.reshape(c.n_vocab, self._tok_row_bytes)[tokens]
+        x = dequantize(rows, self.tok_embd_type, (len(tokens), c.n_embd)).astype(np.float32, copy=False)
+        if out is None:
+            out = np.empty((len(tokens), c.n_embd), np.float32)
+        if c.embed_scale != 1.0:
+            np.multiply(x, np.float32(c.embed_scale), out=out, casting="same_kind")
+        else:
+            np.copyto(out, x, casting="same_kind")
+        return out
 
     def forward(self, batch: Batch, kv: KVCache) -> tuple[np.ndarray, np.ndarray]:
         """Run the batch; returns (logits [n_out, n_vocab], final-normed hidden states [n_out, n_embd])
-        for the tokens with `batch.output` set, in batch order."""
+        for the tokens with `batch.output` set, in batch order.
+
+        Both are views into the model's workspace, valid until the next forward: copy what must outlive
+        it."""
         with _FORWARD_LOCK:
-            x = self.embed(batch.tokens)
-            placed: dict = kv.place(batch)  # per pool: the batch's cells and each token's visible cells
-            placed["n_pos"] = int(batch.pos.max()) + 1 if batch.n else 0  # the RoPE tables' length
-            for il in range(self.config.n_layer):
-                x = self.block(il, x, batch, kv, placed)
-            rows = np.flatnonzero(batch.output)
-            h = np.ascontiguousarray(x[rows])
-            out = np.empty_like(h)
-            ops.rms_norm(out, h, self.output_norm, self.config.rms_eps, len(rows), self.config.n_embd)
-            return self.finish_logits(_linear(self.output, out)), out
+            n, c = batch.n, self.config
+            ws = self.workspace(n)
+            self.embed(batch.tokens, ws.x[:n])
+            placed = kv.place(batch)
+            h = ws.h
+            ops.rms_norm(h.x, ws.x, self.layers[0].attn_norm, c.rms_eps, n, c.n_embd)
+            for il in range(c.n_layer):
+                self.block(il, ws, batch, kv, placed)
+            m = ops.output_norm(h.x, ws.x, batch.output, self.output_norm, c.rms_eps, n, c.n_embd)
+            if m == 0:
+                return np.zeros((0, c.n_vocab), np.float32), np.zeros((0, c.n_embd), np.float32)
+            logits = ws.logits(m)
+            self.output.matmul(_fresh(h, m), out=logits)
+            self.finish_logits(logits)
+            return logits, h.x[:m]
 
-    def finish_logits(self, logits: np.ndarray) -> np.ndarray:
-        return logits
+    def finish_logits(self, logits: np.ndarray) -> None:
+        """Transform the logits in place (1: none)."""
 
-    def norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        out = np.empty_like(x)
-        ops.rms_norm(out, x, w, self.config.rms_eps, x.shape[0], x.shape[1])
-        return out
-
-    def normed(self, x: np.ndarray, w: np.ndarray) -> Activations:
-        """rms_norm(x) * w computed straight into this model's input buffers for the next products."""
-        n, cols = x.shape
-        acts = self._input_buffers(n, cols)
-        ops.rms_norm(acts.rows(n), x, w, self.config.rms_eps, n, cols)
-        return acts
-
-    def block(self, il: int, x: np.ndarray, batch: Batch, kv: KVCache, placed: dict) -> np.ndarray:
-        lw = self.layers[il]
-        x += self.attention(il, self.normed(x, lw.attn_norm), batch, kv, placed)
+    def block(self, il: int, ws: Workspace, batch: Batch, kv: KVCache, placed: Placement) -> None:
+        """One layer on the normed input ``ws.h``: attention and FFN with their residual adds, leaving the
+        next layer's normed input (the last layer: the residual stream alone) in the workspace."""
+        n, c, lw = batch.n, self.config, self.layers[il]
+        eps, d = c.rms_eps, c.n_embd
+        self.attention(il, ws, batch, kv, placed)
         assert lw.ffn_norm is not None
-        x += self.ffn(il, self.normed(x, lw.ffn_norm))
-        return x
+        post = _vec(lw.post_attn_norm)
+        ops.residual_norm(ws.x, ws.o, _vec(lw.bo), post, lw.ffn_norm, ws.h.x, eps, n, d)
+        self.ffn(il, ws, n)
+        nxt = self.layers[il + 1].attn_norm if il + 1 < c.n_layer else EMPTY
+        ops.residual_norm(ws.x, ws.o, EMPTY, _vec(lw.post_ffn_norm), nxt, ws.h.x, eps, n, d)
 
-    def qkv(self, il: int, h: np.ndarray | Activations) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lw, c = self.layers[il], self.config
-        if lw.wqkv is not None:
-            fused = _linear(lw.wqkv, h)
-            nq, nk = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-            q, k, v = fused[:, :nq], fused[:, nq : nq + nk], fused[:, nq + nk :]
-        else:
-            assert lw.wq is not None and lw.wk is not None and lw.wv is not None
-            acts = self.activations(h)  # quantized once for three matrices
-            q, k, v = _linear(lw.wq, acts), _linear(lw.wk, acts), _linear(lw.wv, acts)
-        if lw.bq is not None:
-            q = q + lw.bq
-        if lw.bk is not None:
-            k = k + lw.bk
-        if lw.bv is not None:
-            v = v + lw.bv
-        return np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v)
-
-    def attention(
-        self, il: int, h: np.ndarray | Activations, batch: Batch, kv: KVCache, placed: dict
-    ) -> np.ndarray:
+    def attention(self, il: int, ws: Workspace, batch: Batch, kv: KVCache, placed: Placement) -> None:
+        """The attention block from ``ws.h`` to its output projection in ``ws.o`` (before the bias)."""
         lw, c = self.layers[il], self.config
         n = batch.n
-        q, k, v = self.qkv(il, h)
-        if lw.q_norm is not None:
-            q = self.norm(q.reshape(n * c.n_head, c.head_dim), lw.q_norm).reshape(n, -1)
-        if lw.k_norm is not None:
-            k = self.norm(k.reshape(n * c.n_head_kv, c.head_dim), lw.k_norm).reshape(n, -1)
-        table = self.rope_cache(il, placed["n_pos"])
-        pool = kv.pool(il)
-        cells, ranges = placed[id(pool)]
+        rows = ws.rows(n)
+        h = _fresh(ws.h, n)
+        if lw.wqkv is not None:
+            lw.wqkv.matmul(h, out=rows.qkv)
+        else:  # one input for three matrices, quantized once, then laid out as the fused product is
+            assert lw.wq is not None and lw.wk is not None and lw.wv is not None
+            assert rows.q is not None and rows.k is not None and rows.v is not None
+            nq, nk = lw.wq.rows, lw.wk.rows
+            lw.wq.matmul(h, out=rows.q)
+            lw.wk.matmul(h, out=rows.k)
+            lw.wv.matmul(h, out=rows.v)
+            rows.qkv[:, :nq], rows.qkv[:, nq : nq + nk], rows.qkv[:, nq + nk :] = rows.q, rows.k, rows.v
+        pi = kv.pool_index(il)
+        pool, ranges = kv.pools[pi], placed.ranges[pi]
         kc, vc = pool.kernel_kv[il]
-        out = np.empty((n, c.n_head * c.head_dim_v), np.float32)
         ops.attend(
-            out, q, k, v, batch.pos, table, kc, vc, cells, ranges.cells, ranges.lo, ranges.hi, n, c.n_head,
-            c.n_head_kv, c.head_dim, c.rope_dims, self.rope_mode, *self._scales, kc.dtype == np.uint16,
+            ws.attn.x,
+            ws.qkv,
+            ws.q,
+            _vec(lw.bq),
+            _vec(lw.bk),
+            _vec(lw.bv),
+            _vec(lw.q_norm),
+            _vec(lw.k_norm),
+            np.float32(c.rms_eps),
+            batch.pos,
+            self.rope_cache(il, placed.n_pos),
+            kc,
+            vc,
+            placed.cells[pi],
+            ranges.cells,
+            ranges.lo,
+            ranges.hi,
+            n,
+            c.n_head,
+            c.n_head_kv,
+            c.head_dim,
+            c.rope_dims,
+            self.rope_mode,
+            *self._scales,
+            kc.dtype == np.uint16,
             vc.dtype == np.uint16,
-        )  # fmt: skip
-        o = _linear(lw.wo, out)
-        if lw.bo is not None:
-            o = o + lw.bo
-        if lw.post_attn_norm is not None:
-            o = self.norm(o, lw.post_attn_norm)
-        return o
-
-    def activations(self, h: np.ndarray | Activations) -> Activations:
-        """``h`` [n, cols] loaded into this model's reusable input buffers for matrices of ``cols`` columns
-        (valid until the next call for the same width: the forward pass uses each before the next)."""
-        if isinstance(h, Activations):
-            return h
-        n, cols = h.shape
-        return self._input_buffers(n, cols).set(h)
-
-    def _input_buffers(self, n: int, cols: int) -> Activations:
-        acts = self._acts.get(cols)
-        if acts is None or acts.max_tokens < n:
-            acts = self._acts[cols] = Activations(cols, max(n, 1))
-        return acts
+            self._tile_cols,
+        )
+        lw.wo.matmul(_fresh(ws.attn, n), out=rows.o)
 
     def q_scale(self) -> float:
         """A factor on q after RoPE (1: none)."""
@@ -409,33 +437,35 @@ class DecoderModel:
     def kq_scale(self) -> float:
         return self.config.attn_scale
 
-    def ffn(self, il: int, h: np.ndarray | Activations) -> np.ndarray:
+    def ffn(self, il: int, ws: Workspace, n: int) -> None:
+        """The gated FFN from ``ws.h`` to ``ws.o`` (before the post-norm)."""
         lw = self.layers[il]
-        n = h.n if isinstance(h, Activations) else h.shape[0]
+        rows = ws.rows(n)
+        h = _fresh(ws.h, n)
+        n_ff = lw.w_down.cols
         if lw.w_gate is None:  # fused gate+up (phi3, or stacked at load): [n, 2 * n_ff]
-            gate = up = _linear(lw.w_up, h)
-            n_ff = gate.shape[1] // 2
+            lw.w_up.matmul(h, out=rows.gu)
+            gate, up, up_col = ws.gu, ws.gu, n_ff
         else:
-            acts = self.activations(h)
-            gate, up = _linear(lw.w_gate, acts), _linear(lw.w_up, acts)
-            n_ff = gate.shape[1]
-        up_col = n_ff if up is gate else 0
-        act = np.empty((n, n_ff), np.float32)
+            assert rows.gate is not None and rows.up is not None
+            lw.w_gate.matmul(h, out=rows.gate)
+            lw.w_up.matmul(h, out=rows.up)
+            gate, up = ws.gate_up_parts
+            up_col = 0
         glu = ops.geglu if self.activation == "gelu" else ops.swiglu
-        glu(act, gate, up, n, n_ff, 0, up_col)
-        o = _linear(lw.w_down, act)
-        if lw.post_ffn_norm is not None:
-            o = self.norm(o, lw.post_ffn_norm)
-        return o
+        glu(ws.glu.x, gate, up, n, n_ff, 0, up_col)
+        lw.w_down.matmul(_fresh(ws.glu, n), out=rows.o)
 
 
-def _linear(m: ExactMatrix, x: np.ndarray | Activations) -> np.ndarray:
-    """y[n, rows] = x[n, cols] @ W.T"""
-    if isinstance(x, Activations):
-        return m.matmul(x)
-    if x.shape[0] == 1:
-        return m.matvec(np.ascontiguousarray(x[0])).reshape(1, -1)
-    return m.matmul(np.ascontiguousarray(x))
+def _fresh(acts: Activations, n: int) -> Activations:
+    """``acts`` after its f32 rows were written: ``n`` rows, earlier conversions forgotten."""
+    acts.rows(n)
+    return acts
+
+
+def _vec(v: np.ndarray | None) -> np.ndarray:
+    """A vector the kernels take: an absent one as the empty vector they skip."""
+    return EMPTY if v is None else v
 
 
 def _uniform(v: int | tuple[int, ...], what: str) -> int:

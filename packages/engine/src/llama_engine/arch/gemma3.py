@@ -51,8 +51,11 @@ class Gemma3(DecoderModel):
     def kq_scale(self) -> float:
         return 1.0
 
-    def finish_logits(self, logits: np.ndarray) -> np.ndarray:
+    def finish_logits(self, logits: np.ndarray) -> None:
+        """Final logit soft-capping, in place: tanh(logits / cap) * cap."""
         cap = self.header.final_logit_softcapping
         if cap:
-            return np.tanh(logits / np.float32(cap)) * np.float32(cap)
-        return logits
+            c = np.float32(cap)
+            np.divide(logits, c, out=logits)
+            np.tanh(logits, out=logits)
+            np.multiply(logits, c, out=logits)
