@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from llama_engine import Engine, EngineConfig, FinalEvent
+from llama_engine.warmup import warm_sampling
 
 from .config import ServerConfig
 from .prompts import max_piece_chars
@@ -169,6 +170,8 @@ class ServerState:
             max_piece_chars(engine.tokenizer)
             self.template = self._make_template(engine)
             engine.ready.wait()
+            if cfg.warmup:  # the first request's chain: the server's defaults, when not llama.cpp's
+                warm_sampling(engine.model.config.n_vocab, (cfg.sampling,))
             self.engine = engine
             self.ready.set()
             log.info("model loaded in %.1f s", time.perf_counter() - t0)
