@@ -40,27 +40,19 @@ def test_llama3_and_mistral_tool_calls():
 
 
 def test_stream_diffs_rebuild_the_final_message():
-    """Feeding a reply piece by piece and sending the diffs gives the same message as parsing it whole."""
-    from llama_server.chat_parser import Parsed
-    from llama_server.controllers.chat import _delta
+    """Feeding a reply piece by piece and adding up the diffs gives the same message as parsing it whole."""
+    from llama_server.chat_parser import ParsedStream
 
     reply = '<think>plan</think>\n\nCalling. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
-    parser = ChatParser(reasoning=True, tools=True)
-    prev, text = Parsed(), ""
-    got = {"reasoning_content": "", "content": "", "tool_calls": []}
-    for i in range(0, len(reply), 3):
-        text = reply[: i + 3]
-        new = parser.parse(text, final=False)
-        d = _delta(prev, new)
-        prev = new
-        got["reasoning_content"] += d.get("reasoning_content", "")
-        got["content"] += d.get("content", "")
-        got["tool_calls"] += d.get("tool_calls", [])
-    d = _delta(prev, parser.parse(reply, final=True))
-    got["content"] += d.get("content", "")
-    got["tool_calls"] += d.get("tool_calls", [])
+    stream = ParsedStream(reasoning=True, tools=True)
+    reasoning, content, calls = "", "", []
+    pieces = [reply[i : i + 3] for i in range(0, len(reply), 3)]
+    for n, piece in enumerate(pieces):
+        d = stream.feed(piece, final=n == len(pieces) - 1)
+        assert d.first_call == len(calls)
+        reasoning, content, calls = reasoning + d.reasoning, content + d.content, calls + d.calls
     whole = ChatParser(reasoning=True, tools=True).parse(reply, final=True)
-    assert got["reasoning_content"] == whole.reasoning == "plan"
-    assert got["content"] == whole.content == "Calling. "
-    assert [c["function"]["name"] for c in got["tool_calls"]] == ["f"]
-    assert json.loads(got["tool_calls"][0]["function"]["arguments"]) == {"a": 1}
+    assert reasoning == whole.reasoning == "plan"
+    assert content == whole.content == "Calling. "
+    assert [c.name for c in calls] == ["f"] and json.loads(calls[0].arguments) == {"a": 1}
+    assert calls[0].id == stream.last.tool_calls[0].id  # the same id in every parse

@@ -3,11 +3,8 @@
 Handlers never touch the model: they submit typed requests and read events. The engine calls each
 handle's `on_event` from its own thread; the event goes into the event loop's `_Mailbox`, which wakes the
 loop once for everything posted meanwhile (one wake-up per engine step, not one per stream), and each
-`Run` hands its events to its handler in order. A client that goes away cancels its requests
-(`RequestHandle.cancel`), so the slot is freed at the next engine step.
-
-`IOTimeouts` wraps the whole ASGI app: `--timeout` as cpp-httplib's read and write timeouts, so a client that
-stops sending its request body, or stops reading the response, cannot hold a connection (and a slot) forever.
+`Run` hands its events in order to its handler, or straight to a sink (the streaming driver). A client
+that goes away cancels its requests (`RequestHandle.cancel`), so the slot is freed at the next engine step.
 """
 
 from __future__ import annotations
@@ -15,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
-import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -34,11 +29,11 @@ from llama_engine import (
 )
 
 from .errors import ApiError
+from .middleware import IOTimeouts  # its old home; the app wraps itself in it now
 from .state import ServerState, SlotRecord
 
 __all__ = ["Cancellable", "Event", "IOTimeouts", "Run", "until_disconnect"]
 
-log = logging.getLogger("llama_server")
 
 Event: TypeAlias = TokenEvent | FinalEvent
 T = TypeVar("T")
@@ -90,6 +85,7 @@ class Run:
         self._box = _mailbox(self.loop)
         self._items: collections.deque[tuple[int, Event]] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[int, Event], None] | None = None
         self.handles: list[RequestHandle] = []
         self.n = 0
         self.task_ids: list[int] = []
@@ -134,9 +130,23 @@ class Run:
         self._box.post(self, index, ev)
 
     def _deliver(self, item: tuple[int, Event]) -> None:  # on the event loop
+        index, ev = item
+        if isinstance(ev, FinalEvent):
+            self._record(index, ev)
+        if self._sink is not None:
+            self._sink(index, ev)
+            return
         self._items.append(item)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def attach(self, sink: Callable[[int, Event], None]) -> None:
+        """From now on hand every event to `sink(index, event)` as it arrives (on the event loop, in the
+        mailbox's one callback per engine step), the ones already waiting first. `events()` then sees
+        nothing: the sink is the consumer."""
+        while self._items:
+            sink(*self._items.popleft())
+        self._sink = sink
 
     async def _next(self, timeout: float | None) -> tuple[int, Event] | None:
         """The next event, or None when ``timeout`` seconds pass without one (events stay in ``_items``
@@ -185,10 +195,8 @@ class Run:
             if item is None:
                 yield None
                 continue
-            index, ev = item
-            if isinstance(ev, FinalEvent):
+            if isinstance(item[1], FinalEvent):
                 remaining -= 1
-                self._record(index, ev)
             yield item
 
     def _record(self, index: int, ev: FinalEvent) -> None:
@@ -232,66 +240,3 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]], work: Awaitabl
     if not work_task.done() or work_task.cancelled():
         raise ApiError("client disconnected", "invalid_request_error")
     return work_task.result()
-
-
-class IOTimeouts:
-    """The `--timeout` seconds as per-operation limits on one HTTP exchange (cpp-httplib's read and write
-    timeouts, not a limit on the whole request: a long generation is fine as long as data moves).
-
-    Read: each wait for more of the request body. When it passes, the app sees a disconnect and the client
-    gets 408 with `Connection: close`. Write: each send of response data (uvicorn's send waits while the
-    client does not read). When it passes, the connection is dropped; the handler's cleanup cancels its
-    engine requests. Attribute access goes to the wrapped app (`.state` and the like).
-    """
-
-    def __init__(self, app: Any, seconds: float) -> None:
-        self.app = app
-        self.seconds = seconds
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.app, name)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.seconds <= 0:
-            await self.app(scope, receive, send)
-            return
-        limit = self.seconds
-        flags = {"body_done": False, "started": False, "read_timeout": False, "write_timeout": False}
-
-        async def timed_receive() -> dict[str, Any]:
-            if flags["body_done"] or flags["read_timeout"]:
-                return await receive()  # only a disconnect comes after the body: no limit on waiting for it
-            try:
-                msg = await asyncio.wait_for(receive(), limit)
-            except TimeoutError:
-                flags["read_timeout"] = True
-                log.info("read timeout (%s s) on %s %s", limit, scope.get("method"), scope.get("path"))
-                return {"type": "http.disconnect"}
-            if msg["type"] != "http.request" or not msg.get("more_body", False):
-                flags["body_done"] = True
-            return msg  # type: ignore[no-any-return]
-
-        async def timed_send(msg: dict[str, Any]) -> None:
-            if flags["read_timeout"] or flags["write_timeout"]:
-                return  # the exchange is over: this wrapper answers (or drops) it
-            if msg["type"] == "http.response.start":
-                flags["started"] = True
-            try:
-                await asyncio.wait_for(send(msg), limit)
-            except TimeoutError:
-                flags["write_timeout"] = True
-                log.info("write timeout (%s s) on %s %s", limit, scope.get("method"), scope.get("path"))
-                raise ConnectionAbortedError("the client did not read the response in time") from None
-
-        try:
-            await self.app(scope, timed_receive, timed_send)
-        except Exception:
-            if not (flags["read_timeout"] or flags["write_timeout"]):
-                raise
-        if flags["read_timeout"] and not flags["started"]:
-            body = json.dumps(
-                {"error": {"code": 408, "message": "Request timeout", "type": "invalid_request_error"}}
-            ).encode()
-            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-            await send({"type": "http.response.start", "status": 408, "headers": headers})
-            await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -4,6 +4,9 @@ Like llama.cpp, the parser is stateless over the whole text: every streamed piec
 whole text re-parsed; the stream sends the difference between successive parses. While generation runs,
 a tail that may be the start of a tag (`<thi`, `<tool_c`) is held back.
 
+`ParsedStream` keeps one choice's text and last parse and returns each step's `Diff`; every chat-shaped
+API (OpenAI chat, Anthropic, Responses) formats the same diffs.
+
 Tool-call formats: hermes/qwen `<tool_call>{json}</tool_call>`, mistral `[TOOL_CALLS][{...}]`, and llama3
 JSON (the whole reply is `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`).
 """
@@ -17,7 +20,7 @@ from typing import Any
 
 from .generation import random_id
 
-__all__ = ["ChatParser", "Parsed", "ToolCall"]
+__all__ = ["ChatParser", "Diff", "Parsed", "ParsedStream", "ToolCall"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -141,3 +144,42 @@ class ChatParser:
             hold = _held_prefix(text, (TOOL_OPEN, MISTRAL_TAG, PYTHON_TAG))
             return text[: len(text) - hold]
         return text
+
+
+@dataclass(slots=True)
+class Diff:
+    """What one step added: the new reasoning and content text, the new tool calls (`first_call` is the
+    index of `calls[0]` among all calls), and the whole parse so far."""
+
+    reasoning: str
+    content: str
+    calls: list[ToolCall]
+    first_call: int
+    parsed: Parsed
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.calls)
+
+
+class ParsedStream:
+    """One choice's generated text, re-parsed whole as pieces arrive (as llama.cpp does)."""
+
+    __slots__ = ("last", "parser", "text")
+
+    def __init__(self, reasoning: bool, tools: bool) -> None:
+        self.parser = ChatParser(reasoning, tools)
+        self.text = ""
+        self.last = Parsed()
+
+    def feed(self, piece: str, final: bool) -> Diff:
+        self.text += piece
+        new = self.parser.parse(self.text, final=final)
+        prev, self.last = self.last, new
+        n_calls = len(prev.tool_calls)
+        return Diff(
+            new.reasoning[len(prev.reasoning) :],
+            new.content[len(prev.content) :],
+            new.tool_calls[n_calls:],
+            n_calls,
+            new,
+        )

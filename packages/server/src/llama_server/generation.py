@@ -1,26 +1,37 @@
-"""Results of generation requests: accumulating events, and the JSON pieces every format shares
-(`timings`, probabilities, stop types, ids)."""
+"""Results of generation requests: accumulating events, and the wire pieces every format shares
+(`timings`, probabilities, usage, errors, stop types, ids)."""
 
 from __future__ import annotations
 
 import math
 import secrets
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+
+import msgspec
+from msgspec import Struct
 
 from llama_engine import FinalEvent, StopReason, Timings, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
 __all__ = [
+    "ApiTimings",
+    "ApiUsage",
+    "CachedTokens",
     "Choice",
-    "collect",
+    "ErrorBody",
+    "ErrorObject",
+    "LogprobsContent",
+    "Probs",
     "completion_id",
+    "error_of",
     "finish_reason",
     "prob_entry",
     "random_id",
     "stop_type",
-    "timings_json",
+    "timings_out",
+    "usage_of",
 ]
 
 _ALNUM = string.ascii_letters + string.digits
@@ -35,27 +46,121 @@ def completion_id() -> str:
     return "chatcmpl-" + random_id()
 
 
+class ApiTimings(Struct, gc=False):
+    """llama.cpp's `timings` object (endpoints.md §2.3)."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
+class TopLogprob(Struct, gc=False):
+    id: int
+    token: str
+    raw: list[int] = msgspec.field(name="bytes")
+    logprob: float = 0.0
+
+
+class TokenLogprob(Struct, gc=False):
+    id: int
+    token: str
+    raw: list[int] = msgspec.field(name="bytes")
+    logprob: float = 0.0
+    top_logprobs: list[TopLogprob] = []
+
+
+class TopProb(Struct, gc=False):
+    id: int
+    token: str
+    raw: list[int] = msgspec.field(name="bytes")
+    prob: float = 0.0
+
+
+class TokenProb(Struct, gc=False):
+    id: int
+    token: str
+    raw: list[int] = msgspec.field(name="bytes")
+    prob: float = 0.0
+    top_probs: list[TopProb] = []
+
+
+Probs = TokenLogprob | TokenProb  # one entry of `completion_probabilities` / `logprobs.content` (§2.4)
+
+
+class LogprobsContent(Struct, gc=False):
+    content: list[Probs]
+
+
+class CachedTokens(Struct, gc=False):
+    cached_tokens: int
+
+
+class ApiUsage(Struct, gc=False):
+    """OpenAI's `usage` (completions and chat)."""
+
+    completion_tokens: int
+    prompt_tokens: int
+    total_tokens: int
+    prompt_tokens_details: CachedTokens
+
+
+class ErrorObject(Struct, gc=False):
+    code: int
+    message: str
+    type: str
+
+
+class ErrorBody(Struct, gc=False):
+    """The error object (endpoints.md §0.3); mid-stream it is the stream's last event."""
+
+    error: ErrorObject
+
+
 @dataclass(slots=True)
 class Choice:
-    """Everything one engine request produced."""
+    """Everything one engine request produced (a non-streamed result)."""
 
     index: int
     content: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    probs: list[dict[str, Any]] = field(default_factory=list)
+    probs: list[Probs] = field(default_factory=list)
     final: FinalEvent | None = None
 
     @property
     def text(self) -> str:
         return "".join(self.content)
 
+    def add(self, ev: TokenEvent | FinalEvent, probs: Probs | None) -> None:
+        if isinstance(ev, TokenEvent):
+            self.content.append(ev.text)
+            self.tokens.append(ev.token)
+            if probs is not None:
+                self.probs.append(probs)
+        else:
+            self.final = ev
+            if ev.text:
+                self.content.append(ev.text)
+
+
+def error_of(finals: Iterable[FinalEvent | None]) -> str | None:
+    """The first error among finished requests (the whole response is then that error)."""
+    for f in finals:
+        if f is not None and f.reason == StopReason.ERROR:
+            return f.error or "generation failed"
+    return None
+
+
+_STOP_TYPES = {StopReason.EOS: "eos", StopReason.STOP_WORD: "word", StopReason.LENGTH: "limit"}
+
 
 def stop_type(final: FinalEvent | None) -> str:
-    if final is None:
-        return "none"
-    return {StopReason.EOS: "eos", StopReason.STOP_WORD: "word", StopReason.LENGTH: "limit"}.get(
-        final.reason, "none"
-    )
+    return "none" if final is None else _STOP_TYPES.get(final.reason, "none")
 
 
 def finish_reason(final: FinalEvent | None, tool_calls: bool = False) -> str | None:
@@ -66,74 +171,81 @@ def finish_reason(final: FinalEvent | None, tool_calls: bool = False) -> str | N
     return "tool_calls" if tool_calls else "stop"
 
 
-def timings_json(t: Timings) -> dict[str, Any]:
+def usage_of(finals: list[FinalEvent], one_prompt: bool = False) -> ApiUsage:
+    """OpenAI usage over several requests. `one_prompt`: the `n` choices of one chat prompt count its
+    tokens once (and its cache hit at most once); several prompts add up."""
+    prompt = sum(f.usage.prompt_tokens for f in finals)
+    cached = sum(f.usage.cached_tokens for f in finals)
+    if one_prompt:
+        prompt //= max(len(finals), 1)
+        cached = max((f.usage.cached_tokens for f in finals), default=0)
+    completion = sum(f.usage.completion_tokens for f in finals)
+    return ApiUsage(completion, prompt, prompt + completion, CachedTokens(cached))
+
+
+def timings_out(t: Timings) -> ApiTimings:
     """llama.cpp's `timings` object (endpoints.md §2.3): all finite, >= 0."""
     prompt_ms = max(t.prompt_ms, 0.0)
     predicted_ms = max(t.predicted_ms, 0.001 if t.predicted_n else 0.0)
-    return {
-        "cache_n": t.cache_n,
-        "prompt_n": t.prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / t.prompt_n if t.prompt_n else 0.0,
-        "prompt_per_second": 1e3 / prompt_ms * t.prompt_n if prompt_ms > 0 else 0.0,
-        "predicted_n": t.predicted_n,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / (t.predicted_n - 1) if t.predicted_n > 1 else 0.0,
-        "predicted_per_second": 1e3 / predicted_ms * (t.predicted_n - 1) if t.predicted_n > 1 else 0.0,
-    }
+    n_gen = t.predicted_n - 1  # the first token comes from the prompt batch
+    return ApiTimings(
+        cache_n=t.cache_n,
+        prompt_n=t.prompt_n,
+        prompt_ms=prompt_ms,
+        prompt_per_token_ms=prompt_ms / t.prompt_n if t.prompt_n else 0.0,
+        prompt_per_second=1e3 / prompt_ms * t.prompt_n if prompt_ms > 0 else 0.0,
+        predicted_n=t.predicted_n,
+        predicted_ms=predicted_ms,
+        predicted_per_token_ms=predicted_ms / n_gen if n_gen > 0 else 0.0,
+        predicted_per_second=1e3 / predicted_ms * n_gen if n_gen > 0 else 0.0,
+    )
 
 
-def _piece(tok: Tokenizer, token: int) -> tuple[str, list[int]]:
-    raw = tok.token_to_piece(token, special=True)
-    text = raw.decode("utf-8", "ignore") if raw else ""
-    # the longest valid UTF-8 prefix
+class _Pieces:
+    """Each token's piece as (longest valid UTF-8 prefix, raw bytes), decoded once per tokenizer: a stream
+    with `n_probs` 1024 asks for 1024 pieces per token."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok = tok
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __getitem__(self, token: int) -> tuple[str, list[int]]:
+        hit = self.cache.get(token)
+        if hit is None:
+            raw = self.tok.token_to_piece(token, special=True)
+            hit = self.cache[token] = (_valid_prefix(raw), list(raw))
+        return hit
+
+
+def _valid_prefix(raw: bytes) -> str:
     for cut in range(len(raw), max(len(raw) - 4, -1), -1):
         try:
-            text = raw[:cut].decode("utf-8")
-            break
+            return raw[:cut].decode("utf-8")
         except UnicodeDecodeError:
             continue
-    return text, list(raw)
+    return raw.decode("utf-8", "ignore")
+
+
+_pieces: dict[int, _Pieces] = {}  # by id(): a Tokenizer has slots and no weak references
+
+
+def _pieces_of(tok: Tokenizer) -> _Pieces:
+    p = _pieces.get(id(tok))
+    if p is None or p.tok is not tok:
+        p = _pieces[id(tok)] = _Pieces(tok)
+    return p
 
 
 def _logprob(p: float) -> float:
     return math.log(p) if p > 0 else LOGPROB_ZERO
 
 
-def prob_entry(tok: Tokenizer, ev: TokenEvent, post_sampling: bool) -> dict[str, Any]:
+def prob_entry(tok: Tokenizer, ev: TokenEvent, post_sampling: bool) -> Probs:
     """One entry of `completion_probabilities` / `logprobs.content` (endpoints.md §2.4)."""
-    text, raw = _piece(tok, ev.token)
-    top = []
-    for tid, p in ev.top:
-        t_text, t_raw = _piece(tok, tid)
-        if post_sampling:
-            if p > 0:
-                top.append({"id": tid, "token": t_text, "bytes": t_raw, "prob": p})
-        else:
-            top.append({"id": tid, "token": t_text, "bytes": t_raw, "logprob": _logprob(p)})
+    pieces = _pieces_of(tok)
+    text, raw = pieces[ev.token]
     if post_sampling:
-        return {"id": ev.token, "token": text, "bytes": raw, "prob": ev.prob, "top_probs": top}
-    return {"id": ev.token, "token": text, "bytes": raw, "logprob": _logprob(ev.prob), "top_logprobs": top}
-
-
-def add_event(choice: Choice, ev: TokenEvent | FinalEvent, tok: Tokenizer, n_probs: int, post: bool) -> None:
-    """Fold one event into a non-streamed result."""
-    if isinstance(ev, TokenEvent):
-        choice.content.append(ev.text)
-        choice.tokens.append(ev.token)
-        if n_probs > 0 and ev.top:
-            choice.probs.append(prob_entry(tok, ev, post))
-    else:
-        choice.final = ev
-        if ev.text:
-            choice.content.append(ev.text)
-
-
-async def collect(run: Any, tok: Tokenizer, n_probs: int, post: bool) -> list[Choice]:
-    """Every choice of a run, once all are final."""
-    choices = [Choice(i) for i in range(run.n)]
-    async for item in run.events():
-        if item is not None:
-            index, ev = item
-            add_event(choices[index], ev, tok, n_probs, post)
-    return choices
+        tops = [TopProb(tid, *pieces[tid], prob=p) for tid, p in ev.top if p > 0]
+        return TokenProb(ev.token, text, raw, ev.prob, tops)
+    top = [TopLogprob(tid, *pieces[tid], logprob=_logprob(p)) for tid, p in ev.top]
+    return TokenLogprob(ev.token, text, raw, _logprob(ev.prob), top)

@@ -1,0 +1,215 @@
+"""OpenAI chat completion responses: `chat.completion` and `chat.completion.chunk` (endpoints.md §5.2-5.3)."""
+
+from __future__ import annotations
+
+from msgspec import UNSET, Struct, UnsetType
+
+from llama_engine import FinalEvent, TokenEvent
+from llama_engine.tokenizer import Tokenizer
+
+from ..chat_parser import ChatParser, Diff, Parsed, ParsedStream
+from ..generation import (
+    ApiTimings,
+    ApiUsage,
+    Choice,
+    LogprobsContent,
+    finish_reason,
+    timings_out,
+    usage_of,
+)
+from ..sse import DONE
+from ..state import BUILD_INFO
+from ..streaming import Formatter
+
+__all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatFormatter", "Parsing"]
+
+
+class Parsing(Struct, frozen=True, gc=False):
+    """How a chat request's text is split: `<think>` blocks to reasoning, tool calls extracted."""
+
+    reasoning: bool
+    tools: bool
+
+    def stream(self) -> ParsedStream:
+        return ParsedStream(self.reasoning, self.tools)
+
+    def parse(self, text: str) -> Parsed:
+        return ChatParser(self.reasoning, self.tools).parse(text, final=True)
+
+
+class FunctionCall(Struct, gc=False):
+    name: str
+    arguments: str  # always a JSON string
+
+
+class ToolCallOut(Struct, gc=False):
+    type: str
+    function: FunctionCall
+    id: str
+
+
+class ToolCallDelta(Struct, gc=False):
+    index: int
+    id: str
+    type: str
+    function: FunctionCall
+
+
+class ChatMessage(Struct, omit_defaults=True, gc=False):
+    role: str
+    content: str  # "" (never null) when the model produced only tool calls
+    reasoning_content: str = ""
+    tool_calls: list[ToolCallOut] = []
+
+
+class ChatChoice(Struct, gc=False):
+    finish_reason: str | None
+    index: int
+    message: ChatMessage
+    logprobs: LogprobsContent | UnsetType = UNSET
+
+
+class ChatCompletion(Struct, gc=False):
+    choices: list[ChatChoice]
+    created: int
+    model: str
+    system_fingerprint: str
+    object: str
+    usage: ApiUsage
+    id: str
+    timings: ApiTimings
+
+
+class ChatDelta(Struct, gc=False):
+    """Only the parts that changed; the first chunk is `{"role": "assistant", "content": null}`."""
+
+    role: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+    content: str | UnsetType | None = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+
+
+class ChunkChoice(Struct, gc=False):
+    finish_reason: str | None
+    index: int
+    delta: ChatDelta
+    logprobs: LogprobsContent | UnsetType = UNSET
+
+
+class ChatCompletionChunk(Struct, gc=False):
+    choices: list[ChunkChoice]
+    created: int
+    id: str
+    model: str
+    system_fingerprint: str
+    object: str = "chat.completion.chunk"
+    usage: ApiUsage | UnsetType = UNSET
+    timings: ApiTimings | UnsetType = UNSET
+
+
+def _delta(d: Diff) -> ChatDelta:
+    out = ChatDelta()
+    if d.reasoning:
+        out.reasoning_content = d.reasoning
+    if d.content:
+        out.content = d.content
+    if d.calls:
+        out.tool_calls = [
+            ToolCallDelta(i, c.id, "function", FunctionCall(c.name, c.arguments))
+            for i, c in enumerate(d.calls, start=d.first_call)
+        ]
+    return out
+
+
+def _message(p: Parsed) -> ChatMessage:
+    calls = [ToolCallOut("function", FunctionCall(c.name, c.arguments), c.id) for c in p.tool_calls]
+    return ChatMessage("assistant", p.content, p.reasoning, calls)
+
+
+class ChatFormatter(Formatter):
+    done = DONE
+
+    def __init__(
+        self,
+        tok: Tokenizer,
+        parsing: Parsing,
+        n: int,
+        *,
+        id: str,
+        created: int,
+        model: str,
+        n_probs: int,
+        post: bool,
+        include_usage: bool,
+    ) -> None:
+        super().__init__(tok, n_probs, post)
+        self.parsing = parsing
+        self.streams = [parsing.stream() for _ in range(n)]
+        self.started = [False] * n
+        self.finals: list[FinalEvent] = []
+        self.id, self.created, self.model = id, created, model
+        self.include_usage = include_usage
+
+    def _chunk(
+        self,
+        choices: list[ChunkChoice],
+        usage: ApiUsage | UnsetType = UNSET,
+        timings: ApiTimings | UnsetType = UNSET,
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            choices, self.created, self.id, self.model, BUILD_INFO, usage=usage, timings=timings
+        )
+
+    def _start(self, i: int) -> list[ChatCompletionChunk]:
+        if self.started[i]:
+            return []
+        self.started[i] = True
+        return [self._chunk([ChunkChoice(None, i, ChatDelta(role="assistant", content=None))])]
+
+    def token(self, index: int, ev: TokenEvent) -> list[ChatCompletionChunk]:
+        out = self._start(index)
+        d = self.streams[index].feed(ev.text, final=False)
+        probs = self.probs(ev)
+        if d or probs is not None:
+            choice = ChunkChoice(None, index, _delta(d))
+            if probs is not None:
+                choice.logprobs = LogprobsContent([probs])
+            tm = timings_out(ev.timings) if ev.timings is not None else UNSET
+            out.append(self._chunk([choice], timings=tm))
+        return out
+
+    def final(self, index: int, ev: FinalEvent) -> list[ChatCompletionChunk]:
+        out = self._start(index)
+        d = self.streams[index].feed(ev.text, final=True)
+        if d:
+            out.append(self._chunk([ChunkChoice(None, index, _delta(d))]))
+        self.finals.append(ev)
+        last = ChunkChoice(finish_reason(ev, bool(d.parsed.tool_calls)), index, ChatDelta())
+        out.append(self._chunk([last], timings=timings_out(ev.timings)))
+        return out
+
+    def closing(self) -> list[ChatCompletionChunk]:
+        if not self.include_usage:
+            return []
+        return [self._chunk([], usage=usage_of(self.finals, one_prompt=True))]
+
+    def result(self, choices: list[Choice]) -> ChatCompletion:
+        out = []
+        for c in choices:
+            parsed = self.parsing.parse(c.text)
+            choice = ChatChoice(finish_reason(c.final, bool(parsed.tool_calls)), c.index, _message(parsed))
+            if self.n_probs:
+                choice.logprobs = LogprobsContent(c.probs)
+            out.append(choice)
+        finals = [c.final for c in choices if c.final is not None]
+        usage = usage_of(finals, one_prompt=True)
+        return ChatCompletion(
+            out,
+            self.created,
+            self.model,
+            BUILD_INFO,
+            "chat.completion",
+            usage,
+            self.id,
+            timings_out(finals[0].timings),
+        )

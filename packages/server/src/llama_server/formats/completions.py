@@ -1,0 +1,92 @@
+"""OpenAI's legacy `/v1/completions` responses, `text_completion` (endpoints.md §4)."""
+
+from __future__ import annotations
+
+from msgspec import UNSET, Struct, UnsetType
+
+from llama_engine import FinalEvent, TokenEvent
+from llama_engine.tokenizer import Tokenizer
+
+from ..generation import (
+    ApiTimings,
+    ApiUsage,
+    Choice,
+    LogprobsContent,
+    finish_reason,
+    timings_out,
+    usage_of,
+)
+from ..sse import DONE
+from ..state import BUILD_INFO
+from ..streaming import Formatter
+
+__all__ = ["CompletionChoice", "CompletionsFormatter", "TextCompletion"]
+
+
+class CompletionChoice(Struct, gc=False):
+    text: str
+    index: int
+    logprobs: LogprobsContent | None
+    finish_reason: str | None
+
+
+class TextCompletion(Struct, gc=False):
+    """The body, and every stream chunk (the last one with `usage`)."""
+
+    choices: list[CompletionChoice]
+    created: int
+    model: str
+    system_fingerprint: str
+    object: str
+    usage: ApiUsage | UnsetType = UNSET
+    id: str = ""
+    timings: ApiTimings | UnsetType = UNSET
+
+
+class CompletionsFormatter(Formatter):
+    done = DONE
+
+    def __init__(
+        self, tok: Tokenizer, *, id: str, created: int, model: str, n_probs: int, post: bool
+    ) -> None:
+        super().__init__(tok, n_probs, post)
+        self.id = id
+        self.created = created
+        self.model = model
+
+    def _body(
+        self,
+        choices: list[CompletionChoice],
+        usage: ApiUsage | UnsetType = UNSET,
+        timings: ApiTimings | UnsetType = UNSET,
+    ) -> TextCompletion:
+        return TextCompletion(
+            choices, self.created, self.model, BUILD_INFO, "text_completion", usage, self.id, timings
+        )
+
+    def token(self, index: int, ev: TokenEvent) -> list[TextCompletion]:
+        probs = self.probs(ev)
+        if not ev.text and probs is None:
+            return []
+        lp = LogprobsContent([probs]) if probs is not None else None
+        tm = timings_out(ev.timings) if ev.timings is not None else UNSET
+        return [self._body([CompletionChoice(ev.text, index, lp, None)], timings=tm)]
+
+    def final(self, index: int, ev: FinalEvent) -> list[TextCompletion]:
+        out = [self._body([CompletionChoice(ev.text, index, None, None)])] if ev.text else []
+        last = CompletionChoice("", index, None, finish_reason(ev))
+        out.append(self._body([last], usage=usage_of([ev]), timings=timings_out(ev.timings)))
+        return out
+
+    def result(self, choices: list[Choice]) -> TextCompletion:
+        finals = [c.final for c in choices if c.final is not None]
+        out = [
+            CompletionChoice(
+                c.text,
+                c.index,
+                LogprobsContent(c.probs) if self.n_probs > 0 else None,
+                finish_reason(c.final),
+            )
+            for c in choices
+        ]
+        return self._body(out, usage=usage_of(finals), timings=timings_out(finals[0].timings))

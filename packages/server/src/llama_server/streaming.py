@@ -1,0 +1,340 @@
+"""The one driver behind every generation API (native, OpenAI completions and chat, Anthropic, Responses).
+
+A handler builds its engine requests and a `Formatter` (one per API: it turns each TokenEvent and
+FinalEvent into response Structs and keeps the per-choice state a stream needs), then calls `respond`.
+
+Not streaming: every event is folded into a `Choice` as it arrives; once all are final the formatter
+builds the body. Streaming: the first event decides the status (an error there is a JSON error, §0.7);
+then each event is formatted as it arrives, in the bridge's one callback per engine step, and its SSE
+bytes go into the connection's `Outbox`. The sender task writes whatever is queued in one send, pings
+when nothing came for the ping interval, and ends with the formatter's `done` bytes.
+
+`end_streams` (SIGTERM): a stream ends with one error event (503) and `[DONE]` where the API has one,
+a non-streamed request answers 503.
+
+A client that stops reading makes uvicorn's `send` wait, so the outbox grows; past `STREAM_BUFFER_BYTES`
+its generation is cancelled (the slot is freed), the queued bytes are dropped and the connection is
+closed. A client that disconnects cancels the generation too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import Stream
+
+from llama_engine import FinalEvent, GenerationRequest, StopReason, TokenEvent
+from llama_engine.tokenizer import Tokenizer
+
+from .bridge import Event, Run, until_disconnect
+from .config import ServerConfig
+from .controllers._common import json_response
+from .errors import ApiError
+from .generation import Choice, ErrorBody, ErrorObject, Probs, error_of, prob_entry
+from .params import GenParams
+from .sse import PING, event, write_event
+from .state import ServerState
+
+__all__ = [
+    "STREAM_BUFFER_BYTES",
+    "EventStream",
+    "Formatter",
+    "Outbox",
+    "end_streams",
+    "ping_seconds",
+    "respond",
+]
+
+log = logging.getLogger("llama_server")
+
+STREAM_BUFFER_BYTES = 4 << 20  # SSE bytes one connection may have waiting for its client
+
+
+class Formatter:
+    """One request's response in one API's shape. `token` / `final` return the stream events for one
+    engine event (Structs, in order); `result` the non-streamed body from the collected choices."""
+
+    named: ClassVar[bool] = False  # `event: <tag>` lines (Anthropic, Responses)
+    done: ClassVar[bytes] = b""  # the stream's last bytes after the final events (`data: [DONE]`)
+
+    def __init__(self, tok: Tokenizer, n_probs: int = 0, post: bool = False) -> None:
+        self.tok = tok
+        self.n_probs = n_probs
+        self.post = post
+
+    def probs(self, ev: TokenEvent) -> Probs | None:
+        """This token's probability entry, when the request asked for them."""
+        return prob_entry(self.tok, ev, self.post) if self.n_probs > 0 and ev.top else None
+
+    def opening(self) -> Iterable[msgspec.Struct]:
+        """Events before the first engine event."""
+        return ()
+
+    def token(self, index: int, ev: TokenEvent) -> Iterable[msgspec.Struct]:
+        raise NotImplementedError
+
+    def final(self, index: int, ev: FinalEvent) -> Iterable[msgspec.Struct]:
+        raise NotImplementedError
+
+    def closing(self) -> Iterable[msgspec.Struct]:
+        """Events after every choice's final ones."""
+        return ()
+
+    def error(self, err: ErrorObject) -> bytes:
+        """The last event of a stream that failed after it started (OAI form: the object wrapped)."""
+        return event(ErrorBody(err))
+
+    def result(self, choices: list[Choice]) -> Any:
+        raise NotImplementedError
+
+
+def ping_seconds(body: GenParams, config: ServerConfig) -> float | None:
+    """The keep-alive interval: the request's `sse_ping_interval`, else the server's; <= 0 turns it off."""
+    v = body.sse_ping_interval if body.sse_ping_interval is not None else config.sse_ping_interval
+    return float(v) if v and v > 0 else None
+
+
+async def respond(
+    request: Request[Any, Any, Any],
+    state: ServerState,
+    reqs: list[GenerationRequest],
+    fmt: Formatter,
+    body: GenParams,
+) -> Response[Any]:
+    """Submit `reqs` (one per prompt and choice) and answer: the formatter's body once every request is
+    final, or (`body.stream`) an SSE stream of its events."""
+    run = Run(state)
+    run.submit_all(reqs)
+    if body.stream:
+        await run.check_first(request.receive)
+        outbox = Outbox(run, fmt)
+        run.attach(outbox.add)
+        return EventStream(outbox, ping_seconds(body, state.config))
+    collector = _Collector(run, fmt)
+    run.attach(collector.add)
+    _open.add(collector)
+    try:
+        await until_disconnect(request.receive, collector.done, run)
+    finally:
+        _open.discard(collector)
+    if collector.drained is not None:
+        raise ApiError(collector.drained, "unavailable_error")
+    error = error_of(c.final for c in collector.choices)
+    if error is not None:
+        raise ApiError(error, "server_error")
+    return json_response(fmt.result(collector.choices))
+
+
+_open: weakref.WeakSet[_Collector | Outbox] = weakref.WeakSet()  # what end_streams ends
+
+
+def end_streams(message: str) -> int:
+    """End every open response (SIGTERM): a stream with one error event (503 `unavailable_error`) and
+    `[DONE]` where its API has one, a non-streamed request with a 503 JSON error; their generations are
+    cancelled. Returns how many there were. On the event loop only."""
+    responses = list(_open)
+    for r in responses:
+        r.drain(message)
+    return len(responses)
+
+
+class _Collector:
+    """A non-streamed run: every event folded into its `Choice`; `done` once all are final."""
+
+    def __init__(self, run: Run, fmt: Formatter) -> None:
+        self.run = run
+        self.fmt = fmt
+        self.choices = [Choice(i) for i in range(run.n)]
+        self.remaining = run.n
+        self.done: asyncio.Future[None] = run.loop.create_future()
+        self.drained: str | None = None
+
+    def add(self, index: int, ev: Event) -> None:
+        self.choices[index].add(ev, self.fmt.probs(ev) if isinstance(ev, TokenEvent) else None)
+        if isinstance(ev, FinalEvent):
+            self.remaining -= 1
+            if not self.remaining:
+                _resolve(self.done)
+
+    def drain(self, message: str) -> None:
+        """The server is stopping: answer 503 now, the generation cancelled."""
+        self.drained = message
+        self.run.cancel()
+        _resolve(self.done)
+
+
+class Outbox:
+    """The SSE bytes of one stream that wait for the socket, at most `limit` of them."""
+
+    def __init__(self, run: Run, fmt: Formatter, limit: int = STREAM_BUFFER_BYTES) -> None:
+        self.run = run
+        self.fmt = fmt
+        self.limit = limit
+        self.buf = bytearray()
+        self.ended = False  # nothing more will be queued
+        self.overflowed = False
+        self._remaining = run.n
+        self._waiter: asyncio.Future[None] | None = None
+        self._sender: asyncio.Task[Any] | None = None
+        self._interrupted = False
+        self._write(fmt.opening())
+        _open.add(self)
+
+    # the producer side: the event loop, one call per engine event in arrival order
+
+    def add(self, index: int, ev: Event) -> None:
+        if self.ended:
+            return
+        try:
+            if isinstance(ev, TokenEvent):
+                self._write(self.fmt.token(index, ev))
+            elif ev.reason == StopReason.ERROR:
+                self.end(self.fmt.error(ErrorObject(500, ev.error or "generation failed", "server_error")))
+            else:
+                self._write(self.fmt.final(index, ev))
+                self._remaining -= 1
+                if not self._remaining:
+                    self._write(self.fmt.closing())
+                    self.end(self.fmt.done)
+        except Exception as e:  # a formatting failure ends this stream, not the others in the same step
+            log.exception("stream formatting failed")
+            self.end(self.fmt.error(ErrorObject(500, f"internal error: {e}", "server_error")))
+        if len(self.buf) > self.limit:
+            self._overflow()
+        self._wake()
+
+    def end(self, last: bytes = b"") -> None:
+        """Queue `last` as the stream's last bytes and cancel what still runs (other choices)."""
+        if self.ended:
+            return
+        self.buf += last
+        self.ended = True
+        _open.discard(self)
+        self.run.cancel()
+        self._wake()
+
+    def drain(self, message: str) -> None:
+        """The server is stopping: one final error event (and `[DONE]` where the API has one), then the
+        stream ends; its generation is cancelled."""
+        self.end(self.fmt.error(ErrorObject(503, message, "unavailable_error")) + self.fmt.done)
+
+    def _write(self, frames: Iterable[msgspec.Struct]) -> None:
+        named = self.fmt.named
+        for f in frames:
+            write_event(self.buf, f, named)
+
+    def _overflow(self) -> None:
+        log.warning(
+            "a client is not reading its stream: %d bytes queued (limit %d); generation cancelled, "
+            "connection closed",
+            len(self.buf),
+            self.limit,
+        )
+        self.overflowed = True
+        self.buf.clear()
+        self.end()
+        self._interrupt()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # the consumer side: the response's sender task
+
+    async def take(self, ping: float | None) -> bytes | None:
+        """Everything queued; PING after `ping` seconds without an event; None once the stream is over."""
+        if not self.buf:
+            if self.ended:
+                return None
+            loop = self.run.loop
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(ping, _resolve, waiter) if ping else None
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self.buf:
+                return None if self.ended else PING
+        data = bytes(self.buf)
+        self.buf.clear()
+        return data
+
+    async def pump(self, send: Any, receive: Any, ping: float | None) -> None:
+        """Send the stream until it ends, the client disconnects or the outbox overflows."""
+        sender = self._sender = asyncio.current_task()
+        assert sender is not None
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        watch.add_done_callback(self._hang_up)
+        try:
+            while (data := await self.take(ping)) is not None:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            if not self.overflowed:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
+            sender.uncancel()
+        finally:
+            self._sender = None
+            watch.cancel()
+            self.end()
+
+    def _hang_up(self, watch: asyncio.Future[None]) -> None:
+        if not watch.cancelled():  # the client disconnected
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Stop the sender wherever it waits (for an event, or in a send the client does not read)."""
+        if self._sender is not None and not self._interrupted:
+            self._interrupted = True
+            self._sender.cancel()
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while (await receive()).get("type") != "http.disconnect":
+        pass
+
+
+class EventStream(Stream):
+    """`text/event-stream` response whose body comes from an `Outbox`."""
+
+    def __init__(self, outbox: Outbox, ping: float | None) -> None:
+        super().__init__(
+            (),
+            media_type="text/event-stream",
+            headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
+        )
+        self.outbox = outbox
+        self.ping = ping
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        return _EventStreamASGI(super().to_asgi_response(*args, **kwargs), self.outbox, self.ping)
+
+
+class _EventStreamASGI:
+    """Litestar's response start (headers, cookies, status), then the outbox as the body."""
+
+    __slots__ = ("base", "outbox", "ping")
+
+    def __init__(self, base: Any, outbox: Outbox, ping: float | None) -> None:
+        self.base = base
+        self.outbox = outbox
+        self.ping = ping
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.base.start_response(send)
+        await self.outbox.pump(send, receive, self.ping)
+        await self.base.after_response()
