@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -11,17 +13,21 @@ from tiny_models import write_tiny_model
 
 from llama_engine import (
     LLM,
+    EmbeddingRequest,
     Engine,
     EngineConfig,
     GenerationRequest,
     QueueFullError,
+    RequestCancelledError,
     SamplingParams,
     StopReason,
 )
+from llama_engine import scheduler as scheduler_module
 from llama_engine.requests import FinalEvent, TokenEvent
-from llama_engine.scheduler import _split_stop
+from llama_engine.scheduler import _split_stop, build_dry_vocab
 
 GREEDY = SamplingParams(temperature=0.0)
+GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +159,92 @@ def test_embeddings_are_normalized(llm: LLM) -> None:
 )
 def test_stop_strings_are_held_back(text: str, stops: list[str], expected: tuple[str, str, str]) -> None:
     assert _split_stop(text, stops) == expected
+
+
+def test_a_long_embedding_does_not_stall_a_stream(tiny_path: Path) -> None:
+    """The embedding runs in chunks under the step budget; the stream gets a token every step between."""
+    engine = Engine(tiny_path, EngineConfig(n_ctx=512, n_parallel=2, n_batch=16, warmup=False))
+    embd_prompt = [256, *range(1, 200)]
+    progress: list[int] = []  # per stream event: embedding tokens evaluated so far (-1: no embedding)
+    finished = threading.Event()
+
+    def on_event(ev: TokenEvent | FinalEvent) -> None:  # the engine thread, between steps
+        jobs = engine.scheduler.embeddings
+        progress.append(jobs[0].n_done if jobs else -1)
+        if isinstance(ev, FinalEvent):
+            finished.set()
+
+    # both queued before the loop starts, so the steps are the same on any machine
+    stream = engine.submit(
+        GenerationRequest(prompt=[256, 9, 8], max_tokens=40, sampling=GREEDY_NO_EOS), on_event
+    )
+    embedding = engine.submit_embedding(EmbeddingRequest(prompt=embd_prompt))
+    engine.start()
+    try:
+        vector = embedding.result()
+        assert finished.wait(60)
+        alone = engine.embed(EmbeddingRequest(prompt=embd_prompt))  # with nothing beside it
+    finally:
+        engine.shutdown()
+    assert stream.final is not None and stream.final.reason == StopReason.LENGTH
+    during = sorted(set(p for p in progress if p >= 0))
+    # 200 tokens in chunks of at most 15 (16 less the stream's token): the stream had a token every chunk
+    assert len(during) >= 200 // 15 and during[0] == 0
+    assert all(0 < b - a <= 15 for a, b in itertools.pairwise(during))
+    assert progress[len(during)] == -1 and len(progress) == 41  # 40 tokens and the final event
+    assert np.array_equal(vector, alone)  # chunked beside a stream, the same numbers
+
+
+def test_typed_cancel_before_the_loop_runs(tiny_path: Path) -> None:
+    engine = Engine(tiny_path, EngineConfig(n_ctx=256, n_parallel=1, warmup=False))
+    handle = engine.submit(GenerationRequest(prompt=[256, 1, 2], max_tokens=50, sampling=GREEDY_NO_EOS))
+    embedding = engine.submit_embedding(EmbeddingRequest(prompt=[256, *range(1, 100)]))
+    handle.cancel()
+    embedding.cancel()
+    assert isinstance(handle.cancelled, threading.Event) and handle.cancelled.is_set()
+    engine.start()
+    try:
+        events = list(handle)
+        assert len(events) == 1 and isinstance(events[0], FinalEvent)
+        assert events[0].reason == StopReason.CANCELLED
+        with pytest.raises(RequestCancelledError):
+            embedding.result()
+    finally:
+        engine.shutdown()
+
+
+def test_shutdown_ends_open_requests(tiny_path: Path) -> None:
+    engine = Engine(tiny_path, EngineConfig(n_ctx=256, n_parallel=1, warmup=False)).start()
+    handle = engine.submit(GenerationRequest(prompt=[256, 1], max_tokens=-1, sampling=GREEDY_NO_EOS))
+    next(iter(handle))  # generating
+    engine.shutdown()
+    assert handle.final is not None and handle.final.reason == StopReason.ERROR
+
+
+def test_dry_table_is_built_off_the_engine_thread(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DRY request waits for its table in the queue; a plain one submitted with it runs meanwhile."""
+    built_on: list[str] = []
+
+    def recording_build(tok):  # the real build, noting which thread runs it
+        built_on.append(threading.current_thread().name)
+        return build_dry_vocab(tok)
+
+    monkeypatch.setattr(scheduler_module, "build_dry_vocab", recording_build)
+    dry = SamplingParams(temperature=0.0, ignore_eos=True, dry_multiplier=0.8)
+    with LLM(tiny_path, n_ctx=256, n_parallel=2, warmup=False) as m:
+        engine = m.engine
+        table: Future = Future()  # a table still being built
+        engine.scheduler.set_dry_vocab(table)
+        h_dry = engine.submit(GenerationRequest(prompt=[256, 3, 3, 3], max_tokens=4, sampling=dry))
+        h_plain = engine.submit(GenerationRequest(prompt=[256, 4], max_tokens=4, sampling=GREEDY_NO_EOS))
+        plain = list(h_plain)
+        assert len(plain) == 5 and isinstance(plain[-1], FinalEvent)
+        assert h_dry.final is None and h_dry._events.empty() and engine.n_waiting == 1
+        table.set_result(build_dry_vocab(engine.tokenizer))
+        dry_events = list(h_dry)
+        assert dry_events[-1].reason == StopReason.LENGTH and len(dry_events) == 5
+
+        engine.scheduler._dry_vocab = None  # the default path: the first DRY request starts the build
+        again = list(engine.submit(GenerationRequest(prompt=[256, 3, 3, 3], max_tokens=4, sampling=dry)))
+        assert [ev.token for ev in again[:-1]] == [ev.token for ev in dry_events[:-1]]
+    assert built_on and "llama-engine" not in built_on

@@ -7,16 +7,8 @@ with LLM("SmolLM2-135M-Instruct.Q4_1.gguf") as llm:
 """
 
 from .batch import Batch
-from .engine import (
-    EmbeddingHandle,
-    Engine,
-    EngineConfig,
-    QueueFullError,
-    RequestCancelledError,
-    RequestHandle,
-    SlotFileResult,
-    SlotInfo,
-)
+from .engine import Engine, EngineConfig, QueueFullError, SlotFileResult, SlotInfo
+from .handles import EmbeddingHandle, RequestCancelledError, RequestHandle
 from .llm import LLM
 from .requests import (
     EmbeddingRequest,
@@ -31,6 +23,7 @@ from .requests import (
 from .sampling import SamplingParams
 from .scheduler import SlotState
 from .state_file import StateFileError
+from .step import Step
 
 __version__ = "0.1.0"
 
@@ -52,6 +45,7 @@ __all__ = [
     "SlotInfo",
     "SlotState",
     "StateFileError",
+    "Step",
     "StopReason",
     "Timings",
     "TokenEvent",

@@ -1,8 +1,8 @@
 """The engine: one thread that owns the model, the KV cache and the scheduler.
 
-Callers (HTTP workers, the `LLM` API) only enqueue typed requests and read typed events from a
-`RequestHandle`; they never touch the model. Each loop iteration admits waiting requests, builds one
-batch, runs one forward pass and hands each output row to its slot.
+Callers (HTTP workers, the `LLM` API) only post typed messages (`handles.Message`) and read typed
+events from a `RequestHandle` or an `EmbeddingHandle`; they never touch the model. Each loop iteration
+drains the inbox, admits waiting requests and runs one step: `schedule -> model.forward -> postprocess`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +21,23 @@ import numpy as np
 
 from gguf_io import GGUFFile
 from gguf_io import open as open_gguf
+from llama_quant.cpu import resolve_kernel_set
 from llama_quant.kernels import release_worker_threads
 
 from .arch import DecoderModel, load_model
-from .batch import Batch
+from .handles import (
+    Embed,
+    EmbeddingHandle,
+    Generate,
+    Message,
+    RequestCancelledError,
+    RequestHandle,
+    Shutdown,
+    SlotOp,
+    Wake,
+)
 from .kv_cache import KVCacheFullError
-from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, Pooling, TokenEvent
+from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, TokenEvent
 from .scheduler import Scheduler, SlotState
 from .state_file import PoolState, SeqState, StateFileError, model_fingerprint, read_state, write_state
 from .tokenizer import Tokenizer
@@ -47,10 +58,6 @@ __all__ = [
 
 class QueueFullError(RuntimeError):
     """The waiting queue is at its bound: try again later (the server answers 503 with Retry-After)."""
-
-
-class RequestCancelledError(RuntimeError):
-    """The request was cancelled before it finished."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,61 +99,9 @@ class EngineConfig:
     cache_type_k: str = "f16"  # KV cache element types, "f16" (llama.cpp's default) or "f32"
     cache_type_v: str = "f16"
     warmup: bool = True
-
-
-class RequestHandle:
-    """Events of one request, in order: TokenEvents, then one FinalEvent. Iterable; cancellable."""
-
-    def __init__(
-        self,
-        on_event: Callable[[TokenEvent | FinalEvent], None] | None = None,
-        on_final: Callable[[], None] | None = None,
-    ) -> None:
-        self._events: queue.SimpleQueue[TokenEvent | FinalEvent] = queue.SimpleQueue()
-        self._on_event = on_event
-        self._on_final = on_final
-        self.cancel_flag = [False]
-        self.final: FinalEvent | None = None
-
-    def _emit(self, ev: TokenEvent | FinalEvent) -> None:
-        if isinstance(ev, FinalEvent):
-            self.final = ev
-            if self._on_final is not None:
-                self._on_final()
-        if self._on_event is not None:
-            self._on_event(ev)
-        else:
-            self._events.put(ev)
-
-    def cancel(self) -> None:
-        """Stop the generation at the next step; the slot is freed and its cache kept for reuse."""
-        self.cancel_flag[0] = True
-
-    def __iter__(self) -> Iterator[TokenEvent | FinalEvent]:
-        while True:
-            ev = self._events.get()
-            yield ev
-            if isinstance(ev, FinalEvent):
-                return
-
-
-class EmbeddingHandle:
-    """A queued embedding request: `result()` blocks for the vector, `cancel()` stops it between chunks."""
-
-    def __init__(self) -> None:
-        self.cancel_flag = [False]
-        self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def cancel(self) -> None:
-        self.cancel_flag[0] = True
-
-    def result(self) -> np.ndarray:
-        """The embedding; raises RequestCancelledError when cancelled, or the request's error."""
-        result = self._done.get()
-        self._done.put(result)  # result() may be called again
-        if isinstance(result, BaseException):
-            raise result
-        return result  # type: ignore[no-any-return]
+    # kernel set: "portable", "avx2" or "avx512"; None: the LLAMA_KERNELS environment variable, else
+    # the best the host runs (a set the host cannot run is a ValueError naming what it has)
+    kernels: str | None = None
 
 
 class Engine:
@@ -157,6 +112,7 @@ class Engine:
     ) -> None:
         self._set_threads(config.n_threads)
         self.gguf = model if isinstance(model, GGUFFile) else open_gguf(model)
+        self.kernels = resolve_kernel_set(config.kernels)  # a set the host cannot run fails here
         self.model: DecoderModel = load_model(self.gguf)
         self.tokenizer = Tokenizer.from_gguf(
             self.gguf.tokenizer, self.gguf.header.name, self.gguf.header.architecture
@@ -186,8 +142,9 @@ class Engine:
             self.n_ctx_slot,
             config.n_batch,
             self.model.shift_k,
+            self._wake,
         )
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._running = False
         self.ready = threading.Event()
@@ -195,7 +152,7 @@ class Engine:
         # generation requests submitted and not yet final: the queue bound counts those still in the inbox
         self._inflight = 0
         self._inflight_lock = threading.Lock()
-        self._slot_ops: list[tuple[int, Callable[[], Any], queue.SimpleQueue]] = []
+        self._slot_ops: list[SlotOp] = []
         # the kernels run on the loop's thread: hand back the worker threads that loading (or anything
         # earlier on this thread) started, or every kernel launch from the loop waits for sleeping workers
         release_worker_threads()
@@ -209,6 +166,7 @@ class Engine:
             numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
 
     def start(self) -> Engine:
+        """Start the loop thread (warm-up first when configured; `ready` is set after it)."""
         if self._thread is None:
             self._running = True
             self._thread = threading.Thread(target=self._loop, name="llama-engine", daemon=True)
@@ -216,8 +174,9 @@ class Engine:
         return self
 
     def shutdown(self) -> None:
+        """Stop the loop: open requests end with an error event, waiting embeddings with an error."""
         self._running = False
-        self._inbox.put(None)
+        self._inbox.put(Shutdown())
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -245,9 +204,13 @@ class Engine:
                     f"{self._inflight - self.config.n_parallel} requests are already waiting"
                 )
             self._inflight += 1
-        handle = RequestHandle(on_event, self._release)
-        self._inbox.put(("gen", req, handle))
+        handle = RequestHandle(on_event, self._release, self._wake)
+        self._inbox.put(Generate(req, handle))
         return handle
+
+    def _wake(self) -> None:
+        """Make the loop look again (it may be waiting on the inbox)."""
+        self._inbox.put(Wake())
 
     def _release(self) -> None:
         with self._inflight_lock:
@@ -262,8 +225,8 @@ class Engine:
     def submit_embedding(self, req: EmbeddingRequest) -> EmbeddingHandle:
         """Queue an embedding request; the handle's `result()` waits for it, `cancel()` abandons it."""
         self._validate(req.prompt)
-        handle = EmbeddingHandle()
-        self._inbox.put(("embd", req, handle))
+        handle = EmbeddingHandle(self._wake)
+        self._inbox.put(Embed(req, handle))
         return handle
 
     def embed(self, req: EmbeddingRequest) -> np.ndarray:
@@ -316,7 +279,7 @@ class Engine:
         if self._thread is None:
             raise RuntimeError("the engine is not running")
         done: queue.SimpleQueue = queue.SimpleQueue()
-        self._inbox.put(("slot", (slot, fn), done))
+        self._inbox.put(SlotOp(slot, fn, done))
         result = done.get()
         if isinstance(result, BaseException):
             raise result
@@ -349,14 +312,14 @@ class Engine:
         if not self._slot_ops:
             return
         later = []
-        for slot, fn, done in self._slot_ops:
-            if self.scheduler.slots[slot].state != SlotState.IDLE:
-                later.append((slot, fn, done))
+        for op in self._slot_ops:
+            if self.scheduler.slots[op.slot].state != SlotState.IDLE:
+                later.append(op)
                 continue
             try:
-                done.put(fn())
+                op.done.put(op.fn())
             except Exception as e:
-                done.put(e)
+                op.done.put(e)
         self._slot_ops = later
 
     def _validate(self, prompt: list[int]) -> None:
@@ -381,107 +344,50 @@ class Engine:
         sched = self.scheduler
         try:
             while self._running:
-                if not self._drain(block=not sched.busy):
+                if not self._drain(block=not (sched.has_work or self._slot_ops)):
                     break
                 self._run_slot_ops()
                 sched.admit()
                 self.step()
         finally:
-            for _, _, done in self._slot_ops:
-                done.put(RuntimeError("the engine stopped"))
+            for op in self._slot_ops:
+                op.done.put(RuntimeError("the engine stopped"))
             self._slot_ops = []
+            sched.stop("the engine stopped")
 
     def _drain(self, block: bool) -> bool:
-        """Take everything in the inbox; returns False on shutdown."""
+        """Take everything in the inbox (waiting for the first message when `block`); False on shutdown."""
         try:
-            item = self._inbox.get() if block else self._inbox.get_nowait()
+            msg = self._inbox.get() if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
         while True:
-            if item is None:
+            if isinstance(msg, Shutdown):
                 return False
-            kind, req, target = item
-            if kind == "gen":
-                self.scheduler.waiting.append((req, target._emit, target.cancel_flag))
-            elif kind == "slot":
-                self._slot_ops.append((*req, target))
-            else:
-                self._run_embedding(req, target)
+            if isinstance(msg, Generate | Embed):
+                self.scheduler.add(msg)
+            elif isinstance(msg, SlotOp):
+                self._slot_ops.append(msg)
             try:
-                item = self._inbox.get_nowait()
+                msg = self._inbox.get_nowait()
             except queue.Empty:
                 return True
 
     def step(self) -> None:
-        """One forward pass over the scheduled batch, then sampling for its output rows."""
+        """One step: the scheduler's plan, one forward pass over its batch, then its results."""
         sched = self.scheduler
-        planned = sched.schedule()
-        if planned is None:
+        step = sched.schedule()
+        if step is None:
             return
-        batch, owners = planned
         try:
-            logits, _ = self.model.forward(batch, self.kv)
+            logits, hidden = self.model.forward(step.batch, self.kv)
         except KVCacheFullError as e:
-            self._undo(batch)
-            self._evict_or_fail(owners, str(e))
+            sched.undo(step)
+            sched.out_of_cells(str(e))
             return
         except Exception as e:
-            self._undo(batch)
+            sched.undo(step)
             sched.fail_all(f"internal error: {type(e).__name__}: {e}")
             return
-        sched.committed(batch)
-        sched.postprocess(logits, owners)
+        sched.postprocess(step, logits, hidden)
         self.steps += 1
-
-    def _undo(self, batch: Batch) -> None:
-        for seq in np.unique(batch.seq):
-            self.kv.seq_rm(int(seq), int(batch.pos[batch.seq == seq].min()))
-
-    def _evict_or_fail(self, owners: list, message: str) -> None:
-        """Out of cells: drop idle slots' cached tokens; if none, fail the newest running request."""
-        sched = self.scheduler
-        idle = [s for s in sched.slots if s.state == 0 and s.tokens]
-        if idle:
-            for s in idle:
-                self.kv.seq_rm(s.id)
-                s.tokens = []
-            return
-        running = [s for s in sched.slots if s.state != 0]
-        if running:
-            sched.fail(max(running, key=lambda s: s.t_start), f"the KV cache is full: {message}")
-
-    def _run_embedding(self, req: EmbeddingRequest, handle: EmbeddingHandle) -> None:
-        seq = self.config.n_parallel
-        try:
-            hidden = []
-            for start in range(0, len(req.prompt), self.config.n_batch):
-                if handle.cancel_flag[0]:  # checked before every chunk: a long input stops early
-                    raise RequestCancelledError("the embedding request was cancelled")
-                chunk = req.prompt[start : start + self.config.n_batch]
-                _, h = self.model.forward(Batch.single(chunk, seq, start, all_logits=True), self.kv)
-                hidden.append(h)
-            handle._done.put(_pool(np.concatenate(hidden), req.pooling, req.normalize))
-        except Exception as e:
-            handle._done.put(e)
-        finally:
-            self.kv.seq_rm(seq)
-
-
-def _pool(h: np.ndarray, pooling: Pooling, normalize: int) -> np.ndarray:
-    """llama.cpp's pooling and common_embd_normalize."""
-    if pooling == Pooling.NONE:
-        return np.stack([_normalize(r, normalize) for r in h])
-    v = {Pooling.MEAN: h.mean(axis=0), Pooling.CLS: h[0], Pooling.LAST: h[-1]}[pooling]
-    return _normalize(v.astype(np.float32), normalize)
-
-
-def _normalize(v: np.ndarray, norm: int) -> np.ndarray:
-    if norm < 0:
-        return v
-    if norm == 0:
-        s = np.abs(v).max() / 32760.0
-    elif norm == 2:
-        s = np.sqrt(np.sum(v.astype(np.float64) ** 2))
-    else:
-        s = np.sum(np.abs(v.astype(np.float64)) ** norm) ** (1.0 / norm)
-    return (v / s).astype(np.float32) if s > 0 else v

@@ -1,31 +1,42 @@
-"""Continuous batching: which tokens of which slots go into the next forward pass.
+"""Continuous batching: which tokens of which requests go into the next forward pass.
 
-A step is three calls (nano-vllm's shape): `schedule()` fills a batch from the active slots under a token
-budget (one decode token per generating slot first, then prompt chunks), the model runs it, and
-`postprocess()` samples, detokenizes, checks stop conditions and emits events. A new request takes the
-idle slot whose cached tokens share the longest prefix with its prompt, and may also borrow a longer
-cached prefix from any other slot (`seq_cp`: the cells are shared, not recomputed).
+A step is three calls (nano-vllm's shape, vLLM v1's contract): `schedule()` returns one `Step` saying,
+for each request, how many tokens it runs under one token budget (`n_batch`): first one decode token per
+generating slot (plus any drafts to verify), then prompt chunks and embedding chunks, oldest first. The
+model runs `step.batch`, and `postprocess(step, logits, hidden)` records what the cache now holds,
+samples, detokenizes, checks stop conditions, emits events and pools finished embeddings.
+
+A new request takes the idle slot whose cached tokens share the longest prefix with its prompt, and may
+also borrow a longer cached prefix from any other slot (`seq_cp`: the cells are shared, not recomputed).
+Embedding jobs take turns on one scratch sequence (`n_parallel`), so their cache use stays bounded by
+one slot's context. A request with DRY sampling waits in the queue, without stalling the others, while
+DRY's vocabulary table is built on a background thread (once, when the first such request arrives).
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batch import Batch
+from .embedding import EmbeddingJob
+from .handles import Embed, Generate, RequestCancelledError
 from .kv_cache import KVCache
 from .requests import FinalEvent, GenerationRequest, StopReason, Timings, TokenEvent, Usage
 from .sampling import DryVocab, Sampler
+from .step import Step, StepBuilder, drafts_that_fit
 from .tokenizer import Tokenizer
 
-__all__ = ["Emit", "Scheduler", "Slot", "SlotState"]
+__all__ = ["Emit", "Scheduler", "Slot", "SlotState", "build_dry_vocab"]
 
 Emit = Callable[[TokenEvent | FinalEvent], None]
+_NEVER = threading.Event()  # the cancel event of a slot with no request
 
 
 class SlotState(enum.IntEnum):
@@ -42,16 +53,19 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this sequence, in order
     state: SlotState = SlotState.IDLE
     request: GenerationRequest | None = None
+    prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # int32 [n_prompt]
     emit: Emit | None = None
     sampler: Sampler | None = None
     detok: object = None
     next_token: int = -1  # sampled, not yet in the cache
+    drafts: list[int] = field(default_factory=list)  # proposed tokens after next_token, to verify
     n_prompt: int = 0
     n_cached: int = 0
     n_generated: int = 0
     held: str = ""  # text held back: it may be the start of a stop string
-    cancel_flag: list[bool] = field(default_factory=lambda: [False])  # shared with the RequestHandle
-    t_start: float = 0.0
+    cancelled: threading.Event = _NEVER  # the RequestHandle's
+    arrival: float = 0.0  # when the request was submitted
+    t_start: float = 0.0  # when it took the slot
     t_prompt_done: float = 0.0
     last_used: float = 0.0
 
@@ -65,8 +79,30 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return int(hit[0]) if len(hit) else n
 
 
+def build_dry_vocab(tok: Tokenizer) -> DryVocab:
+    """DRY's view of the vocabulary: every token's text (a scan of the whole vocabulary)."""
+    # llama.cpp: vocab.detokenize({t}, remove_special=false, unparse_special=true)
+    pieces = [tok.detokenize([t], False, True) for t in range(tok.n_vocab)]
+    return DryVocab(
+        pieces, lambda b: tok.encode(b.decode("utf-8", "replace"), add_special=False, parse_special=False)
+    )
+
+
+def _in_background(fn: Callable[[], DryVocab], name: str) -> Future[DryVocab]:
+    fut: Future[DryVocab] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # handed to the requests that wait for it
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
+
+
 class Scheduler:
-    """Slots, the waiting queue, and the per-step batch building and result handling."""
+    """Slots, the waiting queue, embedding jobs, and each step's planning and result handling."""
 
     def __init__(
         self,
@@ -77,38 +113,78 @@ class Scheduler:
         n_ctx_slot: int,
         n_batch: int,
         shift_k: Callable[[int, np.ndarray, np.ndarray, int], None],
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.kv = kv
         self.tokenizer = tokenizer
         self.n_vocab = n_vocab
         self.slots = [Slot(i) for i in range(n_parallel)]
+        self.embd_seq = n_parallel  # the scratch sequence embedding jobs take turns on
         self.n_ctx_slot = n_ctx_slot
         self.n_batch = n_batch
-        self.waiting: deque[tuple[GenerationRequest, Emit, list[bool]]] = deque()
+        self.waiting: deque[Generate] = deque()
+        self.embeddings: deque[EmbeddingJob] = deque()  # the first one holds the embedding sequence
         self._shift_k = shift_k
-        self._dry_vocab: DryVocab | None = None
+        self._wake = wake  # called from another thread when something a waiting request needs is ready
+        self._dry_vocab: Future[DryVocab] | None = None
         self._eog = sorted(tokenizer.eog_ids)
+        self._builder = StepBuilder(n_parallel + 1, n_batch, n_ctx_slot)
 
     # -- admission ---------------------------------------------------------------------------------------
 
     @property
-    def busy(self) -> bool:
-        return bool(self.waiting) or any(s.state != SlotState.IDLE for s in self.slots)
+    def has_work(self) -> bool:
+        """Something to run or admit now (a request waiting for DRY's table being built does not count:
+        the loop is woken when it is ready)."""
+        if self.embeddings or any(s.state != SlotState.IDLE for s in self.slots):
+            return True
+        table = self._dry_vocab
+        dry_pending = table is None or not table.done()  # None: its build starts at admission
+        return any(m.request.sampling.dry_multiplier == 0 or not dry_pending for m in self.waiting)
+
+    def add(self, msg: Generate | Embed) -> None:
+        """Queue a generation (admitted to a slot by `admit`) or an embedding job."""
+        if isinstance(msg, Generate):
+            self.waiting.append(msg)
+        else:
+            self.embeddings.append(EmbeddingJob(msg.request, msg.handle, msg.arrival))
 
     def admit(self) -> None:
         """Move waiting requests into idle slots."""
-        still: deque = deque()
+        still: deque[Generate] = deque()
         while self.waiting:
-            req, emit, cancel_flag = self.waiting.popleft()
-            if cancel_flag[0]:
-                emit(self._final(None, req, StopReason.CANCELLED, emit_slot=-1))
+            msg = self.waiting.popleft()
+            req = msg.request
+            if msg.handle.cancelled.is_set():
+                msg.handle._emit(self._final(None, req, StopReason.CANCELLED))
+                continue
+            dry = self._dry_ready() if req.sampling.dry_multiplier != 0 else None
+            if dry is False:
+                still.append(msg)
+                continue
+            if isinstance(dry, BaseException):
+                msg.handle._emit(self._final(None, req, StopReason.ERROR, error=f"DRY: {dry}"))
                 continue
             slot = self._pick_slot(req)
             if slot is None:
-                still.append((req, emit, cancel_flag))
+                still.append(msg)
                 continue
-            self._start(slot, req, emit, cancel_flag)
+            self._start(slot, msg)
         self.waiting = still
+
+    def set_dry_vocab(self, table: Future[DryVocab]) -> None:
+        """Use this DRY table (done or still being built); the loop is woken when it is ready."""
+        self._dry_vocab = table
+        table.add_done_callback(lambda _: self._wake())
+
+    def _dry_ready(self) -> bool | BaseException:
+        """Whether DRY's table is ready (its build starts off this thread on first use), or its error."""
+        if self._dry_vocab is None:
+            self.set_dry_vocab(_in_background(lambda: build_dry_vocab(self.tokenizer), "llama-dry-vocab"))
+        assert self._dry_vocab is not None
+        if not self._dry_vocab.done():
+            return False
+        return self._dry_vocab.exception() or True
 
     def _pick_slot(self, req: GenerationRequest) -> Slot | None:
         if req.slot >= 0:
@@ -119,19 +195,21 @@ class Scheduler:
             return None
         return max(idle, key=lambda s: (_common_prefix(s.tokens, req.prompt), -s.last_used))
 
-    def _start(self, slot: Slot, req: GenerationRequest, emit: Emit, cancel_flag: list[bool]) -> None:
+    def _start(self, slot: Slot, msg: Generate) -> None:
+        req = msg.request
         prompt = req.prompt
-        slot.request, slot.emit = req, emit
-        slot.t_start = time.perf_counter()
+        slot.request, slot.emit, slot.cancelled = req, msg.handle._emit, msg.handle.cancelled
+        slot.prompt = np.asarray(prompt, np.int32)
+        slot.arrival, slot.t_start = msg.arrival, time.perf_counter()
         slot.n_prompt = len(prompt)
-        slot.n_generated, slot.held, slot.cancel_flag, slot.next_token = 0, "", cancel_flag, -1
+        slot.n_generated, slot.held, slot.next_token, slot.drafts = 0, "", -1, []
         reused = self._reuse_prefix(slot, prompt) if req.cache_prompt else 0
         if not req.cache_prompt:
             self.kv.seq_rm(slot.id)
         slot.tokens = list(prompt[:reused])
         slot.n_cached = reused
         params = req.sampling
-        vocab = self._dry() if params.dry_multiplier != 0 else None
+        vocab = self._dry_vocab.result() if params.dry_multiplier != 0 and self._dry_vocab else None
         slot.sampler = Sampler(params, self.n_vocab, vocab=vocab, eog_tokens=self._eog, n_ctx=self.n_ctx_slot)
         slot.sampler.accept_many(prompt)
         slot.detok = self.tokenizer.streaming()
@@ -157,70 +235,118 @@ class Scheduler:
             self.kv.seq_rm(slot.id, kept)
         return kept
 
-    def _dry(self) -> DryVocab:
-        if self._dry_vocab is None:
-            tok = self.tokenizer
-            # llama.cpp: vocab.detokenize({t}, remove_special=false, unparse_special=true)
-            pieces = [tok.detokenize([t], False, True) for t in range(tok.n_vocab)]
-            self._dry_vocab = DryVocab(
-                pieces,
-                lambda b: tok.encode(b.decode("utf-8", "replace"), add_special=False, parse_special=False),
-            )
-        return self._dry_vocab
+    # -- one step: schedule ------------------------------------------------------------------------------
 
-    # -- one step ----------------------------------------------------------------------------------------
-
-    def schedule(self) -> tuple[Batch, list[Slot]] | None:
-        """The next batch and, for each of its output rows, the slot it belongs to."""
+    def schedule(self) -> Step | None:
+        """This step's plan under the budget: decode tokens first, then prompt and embedding chunks
+        (oldest first). None when there is nothing to run. Cancellations are honoured here."""
+        self._drop_cancelled()
+        b = self._builder
+        b.begin()
         for s in self.slots:
-            if s.state != SlotState.IDLE and s.cancel_flag[0]:
+            if s.state == SlotState.GENERATE and b.room > 0:
+                self._schedule_decode(s)
+        prefill: list[Slot | EmbeddingJob] = [s for s in self.slots if s.state == SlotState.PROMPT]
+        if self.embeddings:
+            prefill.append(self.embeddings[0])
+        prefill.sort(key=lambda w: w.arrival)
+        for w in prefill:
+            if b.room == 0:
+                break
+            if isinstance(w, Slot):
+                self._schedule_prompt(w)
+            else:
+                self._schedule_embedding(w)
+        return b.finish()
+
+    def _drop_cancelled(self) -> None:
+        for s in self.slots:
+            if s.state != SlotState.IDLE and s.cancelled.is_set():
                 self._finish(s, StopReason.CANCELLED)
-        parts: list[Batch] = []
-        owners: list[Slot] = []
-        budget = self.n_batch
-        for s in self.slots:
-            if s.state == SlotState.GENERATE and budget > 0:
-                if len(s.tokens) + 1 > self.n_ctx_slot and not self._make_room(s):
-                    continue
-                parts.append(Batch.single([s.next_token], s.id, len(s.tokens)))
-                owners.append(s)
-                budget -= 1
-        for s in sorted(self.slots, key=lambda s: s.t_start):
-            if s.state == SlotState.PROMPT and budget > 0:
-                assert s.request is not None
-                todo = s.request.prompt[len(s.tokens) :]
-                chunk = todo[:budget]
-                last = len(chunk) == len(todo)
-                b = Batch.single(chunk, s.id, len(s.tokens))
-                b.output[:] = False
-                b.output[-1] = last
-                parts.append(b)
-                if last:
-                    owners.append(s)
-                budget -= len(chunk)
-        if not parts:
-            return None
-        return Batch.concat(parts), owners
+        if any(j.handle.cancelled.is_set() for j in self.embeddings):
+            for i, j in enumerate(list(self.embeddings)):
+                if j.handle.cancelled.is_set():
+                    self._end_embedding(
+                        j, RequestCancelledError("the embedding request was cancelled"), i == 0
+                    )
 
-    def committed(self, batch: Batch) -> None:
-        """The batch's tokens are now in the cache: record them per slot."""
-        for s in self.slots:
-            mine = batch.tokens[batch.seq == s.id]
-            if len(mine):
-                s.tokens.extend(int(t) for t in mine)
-                s.last_used = time.perf_counter()
+    def _schedule_decode(self, s: Slot) -> None:
+        if len(s.tokens) + 1 > self.n_ctx_slot and not self._make_room(s):
+            return
+        room = min(self._builder.room, self.n_ctx_slot - len(s.tokens)) - 1  # for drafts
+        self._builder.add_decode(s.id, s.next_token, drafts_that_fit(s.drafts, room), len(s.tokens))
 
-    def postprocess(self, logits: np.ndarray, owners: list[Slot]) -> None:
-        """Sample one token per output row and advance its slot."""
-        for row, s in enumerate(owners):
-            if s.state == SlotState.PROMPT:
-                s.state = SlotState.GENERATE
-                s.t_prompt_done = time.perf_counter()
-                assert s.request is not None
-                if s.request.max_tokens == 0:  # llama.cpp's n_predict = 0: the prompt only, no token
-                    self._finish(s, StopReason.LENGTH)
-                    continue
-            self._advance(s, logits[row])
+    def _schedule_prompt(self, s: Slot) -> None:
+        start = len(s.tokens)
+        n = min(len(s.prompt) - start, self._builder.room)
+        last = start + n == len(s.prompt)
+        self._builder.add_chunk(
+            s.id, s.prompt[start : start + n], start, n - 1 if last else 0, n if last else 0
+        )
+
+    def _schedule_embedding(self, job: EmbeddingJob) -> None:
+        n = min(job.n_left, self._builder.room)
+        lo, hi = job.out_range(n)
+        self._builder.add_chunk(self.embd_seq, job.prompt[job.n_done : job.n_done + n], job.n_done, lo, hi)
+
+    # -- one step: postprocess ---------------------------------------------------------------------------
+
+    def postprocess(self, step: Step, logits: np.ndarray, hidden: np.ndarray) -> None:
+        """The step ran: record what the cache holds, sample each output row, pool finished embeddings.
+
+        logits: [n_out, n_vocab], hidden: [n_out, n_embd], the step's output rows in batch order."""
+        now = time.perf_counter()
+        for q in step.seqs:
+            n, o = step.n_tokens[q], step.out_offset[q]
+            if q == self.embd_seq:
+                job = self.embeddings[0]
+                job.take(n, hidden[o : o + step.n_out[q]])
+                if job.n_left == 0:
+                    self._end_embedding(job, job.result(), True)
+                continue
+            s = self.slots[q]
+            s.last_used = now
+            if s.state == SlotState.GENERATE:
+                self._decoded(s, logits, o, step.drafts[q])
+            else:
+                self._prefilled(s, n, logits[o] if step.n_out[q] else None)
+
+    def _prefilled(self, s: Slot, n: int, row: np.ndarray | None) -> None:
+        assert s.request is not None
+        start = len(s.tokens)
+        s.tokens.extend(s.request.prompt[start : start + n])
+        if row is None:
+            return
+        s.state = SlotState.GENERATE
+        s.t_prompt_done = time.perf_counter()
+        if s.request.max_tokens == 0:  # llama.cpp's n_predict = 0: the prompt only, no token
+            self._finish(s, StopReason.LENGTH)
+        else:
+            self._advance(s, row)
+
+    def _decoded(self, s: Slot, logits: np.ndarray, o: int, drafts: list[int]) -> None:
+        """Sample the decode token's row; each draft that equals the token sampled before it is kept
+        (its cell already holds it) and its row sampled in turn, as plain decoding would have."""
+        s.tokens.append(s.next_token)
+        for i in range(len(drafts) + 1):
+            self._advance(s, logits[o + i])
+            if s.state != SlotState.GENERATE or i == len(drafts) or s.next_token != drafts[i]:
+                break
+            s.tokens.append(drafts[i])
+        if drafts:
+            s.drafts = []
+            self.kv.seq_rm(s.id, len(s.tokens))  # the cells of rejected drafts
+
+    def undo(self, step: Step) -> None:
+        """The forward pass failed: forget the cells the step placed."""
+        for q in step.seqs:
+            self.kv.seq_rm(q, int(step.batch.pos[step.offset[q]]))
+
+    def _end_embedding(self, job: EmbeddingJob, result: np.ndarray | BaseException, running: bool) -> None:
+        self.embeddings.remove(job)
+        if running:
+            self.kv.seq_rm(self.embd_seq)
+        job.handle._deliver(result)
 
     def _advance(self, s: Slot, row: np.ndarray) -> None:
         req, sampler = s.request, s.sampler
@@ -269,10 +395,43 @@ class Scheduler:
 
     # -- endings -----------------------------------------------------------------------------------------
 
+    def out_of_cells(self, message: str) -> None:
+        """The KV cache is full: drop idle slots' cached tokens; if none, fail the newest running request
+        (a generation or the running embedding job)."""
+        idle = [s for s in self.slots if s.state == SlotState.IDLE and s.tokens]
+        if idle:
+            for s in idle:
+                self.kv.seq_rm(s.id)
+                s.tokens = []
+            return
+        running: list[Slot | EmbeddingJob] = [s for s in self.slots if s.state != SlotState.IDLE]
+        if self.embeddings and self.embeddings[0].n_done:
+            running.append(self.embeddings[0])
+        if not running:
+            return
+        newest = max(running, key=lambda w: w.t_start)
+        error = f"the KV cache is full: {message}"
+        if isinstance(newest, Slot):
+            self.fail(newest, error)
+        else:
+            self._end_embedding(newest, RuntimeError(error), True)
+
     def fail_all(self, message: str) -> None:
+        """Fail every running request (generations and the running embedding job)."""
         for s in self.slots:
             if s.state != SlotState.IDLE:
                 self._finish(s, StopReason.ERROR, error=message)
+        if self.embeddings:
+            self._end_embedding(self.embeddings[0], RuntimeError(message), True)
+
+    def stop(self, message: str) -> None:
+        """The engine stops: every open request, running or waiting, gets its final event (an error)."""
+        self.fail_all(message)
+        while self.waiting:
+            msg = self.waiting.popleft()
+            msg.handle._emit(self._final(None, msg.request, StopReason.ERROR, error=message))
+        while self.embeddings:
+            self._end_embedding(self.embeddings[0], RuntimeError(message), False)
 
     def fail(self, s: Slot, message: str) -> None:
         self._finish(s, StopReason.ERROR, error=message)
@@ -285,7 +444,7 @@ class Scheduler:
         s.emit(self._final(s, s.request, reason, stop_word=stop_word, error=error, text=tail, emit_slot=s.id))
         s.state = SlotState.IDLE
         s.request = s.emit = s.sampler = s.detok = None
-        s.held = ""
+        s.held, s.drafts, s.cancelled = "", [], _NEVER
 
     def _final(
         self,

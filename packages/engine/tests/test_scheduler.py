@@ -1,0 +1,189 @@
+"""The step contract, driven by hand: `schedule() -> model.forward -> postprocess` on a tiny real model.
+
+No loop thread: the test thread plays the engine, so every step's plan can be checked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_models import write_tiny_model
+
+from llama_engine import (
+    Batch,
+    EmbeddingHandle,
+    EmbeddingRequest,
+    Engine,
+    EngineConfig,
+    GenerationRequest,
+    Pooling,
+    RequestCancelledError,
+    RequestHandle,
+    SamplingParams,
+    Step,
+    StopReason,
+)
+from llama_engine.embedding import pool
+from llama_engine.handles import Embed, Generate
+from llama_engine.requests import FinalEvent, TokenEvent
+from llama_engine.scheduler import SlotState
+
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+BUDGET = 16
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama.gguf", "llama", seed=3)
+    # not started: the test calls the scheduler and the model itself
+    return Engine(path, EngineConfig(n_ctx=512, n_parallel=2, n_batch=BUDGET, warmup=False))
+
+
+def _run(engine: Engine, step: Step) -> None:
+    logits, hidden = engine.model.forward(step.batch, engine.kv)
+    engine.scheduler.postprocess(step, logits, hidden)
+
+
+def _tokens(handle: RequestHandle) -> list[int]:
+    out = []
+    while not handle._events.empty():
+        ev = handle._events.get()
+        if isinstance(ev, TokenEvent):
+            out.append(ev.token)
+    return out
+
+
+def _plan(step: Step, seqs: list[int]) -> tuple[int, ...]:
+    return tuple(step.n_tokens[q] for q in seqs)
+
+
+def _alone(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens of one request with nothing else scheduled."""
+    sched = engine.scheduler
+    h = RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=prompt, max_tokens=n, sampling=GREEDY, cache_prompt=False), h)
+    )
+    sched.admit()
+    while (step := sched.schedule()) is not None:
+        _run(engine, step)
+    assert h.final is not None and h.final.reason == StopReason.LENGTH
+    return _tokens(h)
+
+
+def _reference_embedding(engine: Engine, prompt: list[int], pooling: Pooling) -> np.ndarray:
+    seq = engine.scheduler.embd_seq
+    _, hidden = engine.model.forward(Batch.single(prompt, seq, all_logits=True), engine.kv)
+    engine.kv.seq_rm(seq)
+    return pool(hidden, pooling, 2)
+
+
+def test_decode_prompt_and_embedding_chunks_share_one_budget(engine: Engine) -> None:
+    sched = engine.scheduler
+    emb_seq = sched.embd_seq
+    stream, long_prompt, embd_prompt = [256, 1, 2, 3, 4], [256, *range(10, 49)], [256, *range(60, 89)]
+    h0 = RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=stream, max_tokens=12, sampling=GREEDY, cache_prompt=False), h0)
+    )
+    sched.admit()
+    first = sched.schedule()
+    assert first is not None and first.seqs == [0] and first.n_tokens[0] == 5 and first.n_out[0] == 1
+    _run(engine, first)
+    assert sched.slots[0].state == SlotState.GENERATE
+
+    # an embedding job, then a long prompt: the older of the two gets the budget first
+    eh = EmbeddingHandle()
+    sched.add(Embed(EmbeddingRequest(prompt=embd_prompt), eh))
+    h1 = RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=long_prompt, max_tokens=2, sampling=GREEDY, cache_prompt=False), h1)
+    )
+    sched.admit()
+    plans = []
+    while sched.slots[1].state != SlotState.IDLE or sched.embeddings:
+        step = sched.schedule()
+        assert step is not None
+        assert sum(_plan(step, step.seqs)) == step.n_scheduled <= BUDGET
+        assert step.seqs[0] == 0 and step.n_tokens[0] == 1 and step.n_out[0] == 1  # decode first
+        plans.append(_plan(step, [0, 1, emb_seq]))
+        _run(engine, step)
+    # (decode, long prompt, embedding) per step: 30 embedding tokens in chunks of 15, then the prompt's 40
+    assert plans == [
+        (1, 0, 15),
+        (1, 0, 15),
+        (1, 15, 0),
+        (1, 15, 0),
+        (1, 10, 0),  # the prompt's last chunk: its last token gives the first generated token
+        (1, 1, 0),
+    ]
+    assert h1.final is not None and h1.final.usage.completion_tokens == 2
+    # chunked under the budget, the embedding equals the whole input evaluated at once
+    assert np.array_equal(eh.result(), _reference_embedding(engine, embd_prompt, Pooling.MEAN))
+    assert engine.kv.seq_pos_max(emb_seq) == -1  # the scratch sequence is free again
+
+    while (step := sched.schedule()) is not None:
+        _run(engine, step)
+    assert _tokens(h0) == _alone(engine, stream, 12)  # the stream's tokens did not depend on its company
+
+
+@pytest.mark.parametrize("pooling", [Pooling.CLS, Pooling.LAST, Pooling.NONE])
+def test_embedding_chunks_ask_only_for_the_rows_pooling_reads(engine: Engine, pooling: Pooling) -> None:
+    sched = engine.scheduler
+    prompt = [256, *range(100, 140)]  # 41 tokens: chunks of 16, 16, 9
+    eh = EmbeddingHandle()
+    sched.add(Embed(EmbeddingRequest(prompt=prompt, pooling=pooling), eh))
+    outs = []
+    while (step := sched.schedule()) is not None:
+        outs.append((step.n_tokens[sched.embd_seq], step.n_out[sched.embd_seq]))
+        _run(engine, step)
+    expected_out = {Pooling.CLS: [1, 0, 0], Pooling.LAST: [0, 0, 1], Pooling.NONE: [16, 16, 9]}[pooling]
+    assert outs == list(zip([16, 16, 9], expected_out, strict=True))
+    assert np.array_equal(eh.result(), _reference_embedding(engine, prompt, pooling))
+
+
+def test_drafts_are_verified_and_rejected_cells_dropped(engine: Engine) -> None:
+    sched = engine.scheduler
+    prompt = [256, 7, 8, 9]
+    plain = _alone(engine, prompt, 10)
+    h = RequestHandle()
+    req = GenerationRequest(prompt=prompt, max_tokens=10, sampling=GREEDY, cache_prompt=False, slot=0)
+    sched.add(Generate(req, h))
+    sched.admit()
+    step = sched.schedule()
+    assert step is not None
+    _run(engine, step)  # the prompt: plain[0] sampled
+    s = sched.slots[0]
+    s.drafts = [*plain[1:4], (plain[4] + 1) % 256]  # three right drafts, then a wrong one
+    step = sched.schedule()
+    assert step is not None and step.seqs == [0]
+    assert step.n_tokens[0] == 5 and step.n_out[0] == 5 and step.drafts[0] == s.drafts
+    _run(engine, step)
+    # plain[1..3] accepted, plain[4] sampled where the wrong draft was: 4 tokens from one step
+    assert s.n_generated == 5 and s.next_token == plain[4]
+    assert engine.kv.seq_pos_max(0) + 1 == len(s.tokens) == len(prompt) + 4  # the wrong draft's cell is gone
+    while (step := sched.schedule()) is not None:
+        assert step.drafts[0] == []
+        _run(engine, step)
+    assert _tokens(h) == plain
+
+
+def test_cancelled_requests_end_at_the_next_step(engine: Engine) -> None:
+    sched = engine.scheduler
+    h = RequestHandle()
+    sched.add(Generate(GenerationRequest(prompt=[256, 5, 6], max_tokens=50, sampling=GREEDY), h))
+    eh = EmbeddingHandle()
+    sched.add(Embed(EmbeddingRequest(prompt=[256, *range(30, 70)]), eh))
+    sched.admit()
+    step = sched.schedule()
+    assert step is not None
+    _run(engine, step)
+    assert not h.cancelled.is_set()
+    h.cancel()
+    eh.cancel()
+    assert h.cancelled.is_set() and eh.cancelled.is_set()
+    assert sched.schedule() is None  # both dropped before anything else runs
+    assert isinstance(h.final, FinalEvent) and h.final.reason == StopReason.CANCELLED
+    with pytest.raises(RequestCancelledError):
+        eh.result()
+    assert engine.kv.seq_pos_max(sched.embd_seq) == -1 and not sched.has_work
