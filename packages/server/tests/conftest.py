@@ -84,9 +84,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     slots_dir = tmp / "slots"
     slots_dir.mkdir()
     s = start_server(
-        tmp, "-c", "2048", "-np", "4", "-kvu", "--temp", "0", "--metrics", "--props", "--embeddings",
-        "--slot-save-path", str(slots_dir), "--max-queue", "16", "-a", "smol,tiny",
-    )  # fmt: skip
+        tmp,
+        "-c",
+        "2048",
+        "-np",
+        "4",
+        "-kvu",
+        "--temp",
+        "0",
+        "--metrics",
+        "--props",
+        "--embeddings",
+        "--slot-save-path",
+        str(slots_dir),
+        "--max-queue",
+        "16",
+        "-a",
+        "smol,tiny",
+    )
     s.slots_dir = slots_dir  # type: ignore[attr-defined]
     yield s
     stop_server(s)

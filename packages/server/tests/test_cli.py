@@ -38,8 +38,29 @@ def test_unknown_flag_is_an_error():
 
 
 def test_flags(captured):
-    r = CliRunner().invoke(main, ["-m", str(smollm2_path()), "-c", "1024", "-np", "2", "--port", "9999", "-a", "b,a",
-                                  "--temp", "0.5", "--metrics", "--no-slots", "-n", "7", "--cors-origins", "localhost"])  # fmt: skip
+    r = CliRunner().invoke(
+        main,
+        [
+            "-m",
+            str(smollm2_path()),
+            "-c",
+            "1024",
+            "-np",
+            "2",
+            "--port",
+            "9999",
+            "-a",
+            "b,a",
+            "--temp",
+            "0.5",
+            "--metrics",
+            "--no-slots",
+            "-n",
+            "7",
+            "--cors-origins",
+            "localhost",
+        ],
+    )
     assert r.exit_code == 0, r.output
     cfg = _cfg(captured)
     assert (cfg.n_ctx, cfg.n_parallel, cfg.model_name, cfg.n_predict) == (1024, 2, "a", 7)

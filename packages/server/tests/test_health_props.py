@@ -57,8 +57,14 @@ def test_metrics(client):
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert "process-start-time-unix" in r.headers
     text = r.text
-    for name in ("prompt_tokens_total", "tokens_predicted_total", "n_decode_total", "requests_processing",
-                 "requests_deferred", "predicted_tokens_seconds"):  # fmt: skip
+    for name in (
+        "prompt_tokens_total",
+        "tokens_predicted_total",
+        "n_decode_total",
+        "requests_processing",
+        "requests_deferred",
+        "predicted_tokens_seconds",
+    ):
         assert f"# TYPE llamacpp:{name} " in text
     values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("llamacpp:")}
     assert values["llamacpp:tokens_predicted_total"] >= 1

@@ -8,9 +8,14 @@ import pytest
 from conftest import assert_error
 
 C, CHAT, V1C, EMB, TOK, DETOK, MSGS = (
-    "/completion", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize",
+    "/completion",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/tokenize",
+    "/detokenize",
     "/v1/messages",
-)  # fmt: skip
+)
 M = [{"role": "user", "content": "Hi"}]
 
 

@@ -61,9 +61,22 @@ def test_failed_restore_leaves_the_slot(client, server):
 
 @pytest.mark.parametrize(
     "name",
-    ["../x.bin", "a/b.bin", "a\\b.bin", "..", ".", "a..b", " lead.bin", "trail.bin ", "trail.", "",
-     "c\x01.bin", "x" * 256, "é" * 128],
-)  # fmt: skip
+    [
+        "../x.bin",
+        "a/b.bin",
+        "a\\b.bin",
+        "..",
+        ".",
+        "a..b",
+        " lead.bin",
+        "trail.bin ",
+        "trail.",
+        "",
+        "c\x01.bin",
+        "x" * 256,
+        "é" * 128,
+    ],
+)
 def test_invalid_filenames(client, name):
     body = json.dumps({"filename": name}).encode()
     r = client.post("/slots/0?action=save", content=body, headers={"Content-Type": "application/json"})
@@ -97,8 +110,12 @@ def test_timings_per_token_in_streams(client):
     assert all("timings" not in json.loads(e) for e in sse_events(r.text)[:-1])
     r = client.post(
         "/v1/chat/completions",
-        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True,
-              "timings_per_token": True},
-    )  # fmt: skip
+        json={
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 3,
+            "stream": True,
+            "timings_per_token": True,
+        },
+    )
     chunks = [json.loads(e) for e in sse_events(r.text) if e != "[DONE]"]
     assert any("timings" in c and c["choices"][0]["finish_reason"] is None for c in chunks)

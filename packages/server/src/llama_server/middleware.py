@@ -131,7 +131,7 @@ class IOTimeouts:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.app, name)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or self.seconds <= 0:
             await self.app(scope, receive, send)
             return
