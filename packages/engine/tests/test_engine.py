@@ -25,6 +25,7 @@ from llama_engine import (
 from llama_engine import scheduler as scheduler_module
 from llama_engine.requests import FinalEvent, TokenEvent
 from llama_engine.scheduler import _split_stop, build_dry_vocab
+from llama_quant.cpu import KernelSet
 
 GREEDY = SamplingParams(temperature=0.0)
 GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -248,3 +249,14 @@ def test_dry_table_is_built_off_the_engine_thread(tiny_path: Path, monkeypatch: 
         again = list(engine.submit(GenerationRequest(prompt=[256, 3, 3, 3], max_tokens=4, sampling=dry)))
         assert [ev.token for ev in again[:-1]] == [ev.token for ev in dry_events[:-1]]
     assert built_on and "llama-engine" not in built_on
+
+
+def test_kernel_set_is_chosen_in_the_config(tiny_path: Path, llm: LLM) -> None:
+    with pytest.raises(ValueError):
+        Engine(tiny_path, EngineConfig(n_ctx=64, warmup=False, kernels="no-such-kernels"))
+    req = GenerationRequest(
+        prompt=[256, 10, 20, 30], max_tokens=6, sampling=GREEDY_NO_EOS, cache_prompt=False
+    )
+    with LLM(tiny_path, n_ctx=64, warmup=False, kernels="portable") as portable:
+        assert portable.engine.kernels == KernelSet.PORTABLE
+        assert _run(portable.engine, req)[0] == _run(llm.engine, req)[0]  # every kernel set: the same numbers

@@ -113,7 +113,7 @@ class Engine:
         self._set_threads(config.n_threads)
         self.gguf = model if isinstance(model, GGUFFile) else open_gguf(model)
         self.kernels = resolve_kernel_set(config.kernels)  # a set the host cannot run fails here
-        self.model: DecoderModel = load_model(self.gguf)
+        self.model: DecoderModel = load_model(self.gguf, kernels=self.kernels)
         self.tokenizer = Tokenizer.from_gguf(
             self.gguf.tokenizer, self.gguf.header.name, self.gguf.header.architecture
         )

@@ -441,10 +441,13 @@ class Scheduler:
         tail = ""
         if reason not in (StopReason.STOP_WORD, StopReason.ERROR, StopReason.CANCELLED):
             tail = s.held + s.detok.flush()  # type: ignore[attr-defined]
-        s.emit(self._final(s, s.request, reason, stop_word=stop_word, error=error, text=tail, emit_slot=s.id))
+        final = self._final(s, s.request, reason, stop_word=stop_word, error=error, text=tail, emit_slot=s.id)
+        emit = s.emit
+        # idle before the final event leaves: a client that reads it and asks for the slots sees it free
         s.state = SlotState.IDLE
         s.request = s.emit = s.sampler = s.detok = None
         s.held, s.drafts, s.cancelled = "", [], _NEVER
+        emit(final)
 
     def _final(
         self,
