@@ -33,6 +33,16 @@ from llama_server.streaming import STREAM_BUFFER_BYTES, Formatter, Outbox, end_s
 # -- a client that stops reading ---------------------------------------------------------------------------
 
 
+# ~70 KB of JSON per token: unbounded, this stream would queue over 100 MB for a client that reads nothing
+LONG_PROBS_STREAM = {
+    "prompt": "Once upon a time",
+    "n_predict": 1800,
+    "n_probs": 1024,
+    "stream": True,
+    "ignore_eos": True,
+}
+
+
 def _busy(client: httpx.Client) -> int:
     return sum(s["is_processing"] for s in client.get("/slots").json())
 
@@ -68,15 +78,7 @@ def _tcp_send_buffer_max() -> int:
 
 
 def test_stalled_reader_is_cut_and_its_slot_freed(server, client):
-    # ~70 KB of JSON per token: unbounded, this stream would queue over 100 MB for a client that reads nothing
-    body = {
-        "prompt": "Once upon a time",
-        "n_predict": 1800,
-        "n_probs": 1024,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    sock = _stalled_stream(server.base_url, body)
+    sock = _stalled_stream(server.base_url, LONG_PROBS_STREAM)
     try:
         # another stream runs to its end meanwhile
         other = client.post("/completion", json={"prompt": "Hello", "n_predict": 16, "stream": True})
@@ -103,14 +105,7 @@ def test_stalled_reader_is_cut_and_its_slot_freed(server, client):
 
 def test_stalled_reader_does_not_stall_others(server, client):
     """Two stalled readers and two normal streams at once: the normal ones finish."""
-    body = {
-        "prompt": "Once upon a time",
-        "n_predict": 1800,
-        "n_probs": 1024,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    socks = [_stalled_stream(server.base_url, body) for _ in range(2)]
+    socks = [_stalled_stream(server.base_url, LONG_PROBS_STREAM) for _ in range(2)]
     results: list[list[dict] | Exception] = [[], []]
 
     def one(i: int) -> None:

@@ -29,10 +29,9 @@ from llama_engine import (
 )
 
 from .errors import ApiError
-from .middleware import IOTimeouts  # its old home; the app wraps itself in it now
 from .state import ServerState, SlotRecord
 
-__all__ = ["Cancellable", "Event", "IOTimeouts", "Run", "until_disconnect"]
+__all__ = ["Cancellable", "Event", "Run", "Wakeup", "resolve", "until_disconnect"]
 
 
 Event: TypeAlias = TokenEvent | FinalEvent
@@ -84,7 +83,7 @@ class Run:
         self.loop = asyncio.get_running_loop()
         self._box = _mailbox(self.loop)
         self._items: collections.deque[tuple[int, Event]] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._wakeup = Wakeup(self.loop)
         self._sink: Callable[[int, Event], None] | None = None
         self.handles: list[RequestHandle] = []
         self.n = 0
@@ -137,8 +136,7 @@ class Run:
             self._sink(index, ev)
             return
         self._items.append(item)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wakeup.set()
 
     def attach(self, sink: Callable[[int, Event], None]) -> None:
         """From now on hand every event to `sink(index, event)` as it arrives (on the event loop, in the
@@ -152,14 +150,7 @@ class Run:
         """The next event, or None when ``timeout`` seconds pass without one (events stay in ``_items``
         until taken, so a timeout never loses one)."""
         if not self._items:
-            waiter = self._waiter = self.loop.create_future()
-            timer = self.loop.call_later(timeout, _wake, waiter) if timeout else None
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+            await self._wakeup.wait(timeout)
             if not self._items:
                 return None
         return self._items.popleft()
@@ -214,9 +205,35 @@ class Run:
             )
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
+def resolve(waiter: asyncio.Future[None]) -> None:
+    """Complete `waiter` unless it already is (a timer and an event may both try)."""
     if not waiter.done():
         waiter.set_result(None)
+
+
+class Wakeup:
+    """Wake one waiting task from event-loop callbacks (a plain future: no task per event)."""
+
+    __slots__ = ("_waiter", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        if self._waiter is not None:
+            resolve(self._waiter)
+
+    async def wait(self, timeout: float | None) -> None:
+        """Until `set()`, or `timeout` seconds (None: no limit)."""
+        waiter = self._waiter = self.loop.create_future()
+        timer = self.loop.call_later(timeout, resolve, waiter) if timeout else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
 
 async def _wait_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:

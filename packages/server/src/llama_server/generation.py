@@ -60,34 +60,28 @@ class ApiTimings(Struct, gc=False):
     predicted_per_second: float
 
 
-class TopLogprob(Struct, gc=False):
+class _Piece(Struct, gc=False):
     id: int
-    token: str
+    token: str  # the piece cut to its longest valid UTF-8 prefix
     raw: list[int] = msgspec.field(name="bytes")
-    logprob: float = 0.0
 
 
-class TokenLogprob(Struct, gc=False):
-    id: int
-    token: str
-    raw: list[int] = msgspec.field(name="bytes")
-    logprob: float = 0.0
-    top_logprobs: list[TopLogprob] = []
+class TopLogprob(_Piece):
+    logprob: float
 
 
-class TopProb(Struct, gc=False):
-    id: int
-    token: str
-    raw: list[int] = msgspec.field(name="bytes")
-    prob: float = 0.0
+class TokenLogprob(_Piece):
+    logprob: float
+    top_logprobs: list[TopLogprob]
 
 
-class TokenProb(Struct, gc=False):
-    id: int
-    token: str
-    raw: list[int] = msgspec.field(name="bytes")
-    prob: float = 0.0
-    top_probs: list[TopProb] = []
+class TopProb(_Piece):
+    prob: float
+
+
+class TokenProb(_Piece):
+    prob: float
+    top_probs: list[TopProb]
 
 
 Probs = TokenLogprob | TokenProb  # one entry of `completion_probabilities` / `logprobs.content` (§2.4)
@@ -245,7 +239,7 @@ def prob_entry(tok: Tokenizer, ev: TokenEvent, post_sampling: bool) -> Probs:
     pieces = _pieces_of(tok)
     text, raw = pieces[ev.token]
     if post_sampling:
-        tops = [TopProb(tid, *pieces[tid], prob=p) for tid, p in ev.top if p > 0]
+        tops = [TopProb(tid, *pieces[tid], p) for tid, p in ev.top if p > 0]
         return TokenProb(ev.token, text, raw, ev.prob, tops)
-    top = [TopLogprob(tid, *pieces[tid], logprob=_logprob(p)) for tid, p in ev.top]
+    top = [TopLogprob(tid, *pieces[tid], _logprob(p)) for tid, p in ev.top]
     return TokenLogprob(ev.token, text, raw, _logprob(ev.prob), top)

@@ -32,7 +32,7 @@ from litestar.response import Stream
 from llama_engine import FinalEvent, GenerationRequest, StopReason, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
-from .bridge import Event, Run, until_disconnect
+from .bridge import Event, Run, Wakeup, resolve, until_disconnect
 from .config import ServerConfig
 from .controllers._common import json_response
 from .errors import ApiError
@@ -160,13 +160,13 @@ class _Collector:
         if isinstance(ev, FinalEvent):
             self.remaining -= 1
             if not self.remaining:
-                _resolve(self.done)
+                resolve(self.done)
 
     def drain(self, message: str) -> None:
         """The server is stopping: answer 503 now, the generation cancelled."""
         self.drained = message
         self.run.cancel()
-        _resolve(self.done)
+        resolve(self.done)
 
 
 class Outbox:
@@ -180,7 +180,7 @@ class Outbox:
         self.ended = False  # nothing more will be queued
         self.overflowed = False
         self._remaining = run.n
-        self._waiter: asyncio.Future[None] | None = None
+        self._wakeup = Wakeup(run.loop)
         self._sender: asyncio.Task[Any] | None = None
         self._interrupted = False
         self._write(fmt.opening())
@@ -207,7 +207,7 @@ class Outbox:
             self.end(self.fmt.error(ErrorObject(500, f"internal error: {e}", "server_error")))
         if len(self.buf) > self.limit:
             self._overflow()
-        self._wake()
+        self._wakeup.set()
 
     def end(self, last: bytes = b"") -> None:
         """Queue `last` as the stream's last bytes and cancel what still runs (other choices)."""
@@ -217,7 +217,7 @@ class Outbox:
         self.ended = True
         _open.discard(self)
         self.run.cancel()
-        self._wake()
+        self._wakeup.set()
 
     def drain(self, message: str) -> None:
         """The server is stopping: one final error event (and `[DONE]` where the API has one), then the
@@ -241,10 +241,6 @@ class Outbox:
         self.end()
         self._interrupt()
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
     # the consumer side: the response's sender task
 
     async def take(self, ping: float | None) -> bytes | None:
@@ -252,15 +248,7 @@ class Outbox:
         if not self.buf:
             if self.ended:
                 return None
-            loop = self.run.loop
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(ping, _resolve, waiter) if ping else None
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+            await self._wakeup.wait(ping)
             if not self.buf:
                 return None if self.ended else PING
         data = bytes(self.buf)
@@ -288,7 +276,8 @@ class Outbox:
             self.end()
 
     def _hang_up(self, watch: asyncio.Future[None]) -> None:
-        if not watch.cancelled():  # the client disconnected
+        if not watch.cancelled():  # the client disconnected (or its receive failed: the same for us)
+            watch.exception()
             self._interrupt()
 
     def _interrupt(self) -> None:
@@ -296,11 +285,6 @@ class Outbox:
         if self._sender is not None and not self._interrupted:
             self._interrupted = True
             self._sender.cancel()
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 async def _wait_disconnect(receive: Any) -> None:

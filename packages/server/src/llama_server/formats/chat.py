@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from msgspec import UNSET, Struct, UnsetType
+from msgspec.structs import replace
 
 from llama_engine import FinalEvent, TokenEvent
 from llama_engine.tokenizer import Tokenizer
@@ -148,23 +149,14 @@ class ChatFormatter(Formatter):
         self.started = [False] * n
         self.finals: list[FinalEvent] = []
         self.id, self.created, self.model = id, created, model
+        self.head = ChatCompletionChunk([], created, id, model, BUILD_INFO)  # what every chunk shares
         self.include_usage = include_usage
-
-    def _chunk(
-        self,
-        choices: list[ChunkChoice],
-        usage: ApiUsage | UnsetType = UNSET,
-        timings: ApiTimings | UnsetType = UNSET,
-    ) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            choices, self.created, self.id, self.model, BUILD_INFO, usage=usage, timings=timings
-        )
 
     def _start(self, i: int) -> list[ChatCompletionChunk]:
         if self.started[i]:
             return []
         self.started[i] = True
-        return [self._chunk([ChunkChoice(None, i, ChatDelta(role="assistant", content=None))])]
+        return [replace(self.head, choices=[ChunkChoice(None, i, ChatDelta(role="assistant", content=None))])]
 
     def token(self, index: int, ev: TokenEvent) -> list[ChatCompletionChunk]:
         out = self._start(index)
@@ -175,23 +167,23 @@ class ChatFormatter(Formatter):
             if probs is not None:
                 choice.logprobs = LogprobsContent([probs])
             tm = timings_out(ev.timings) if ev.timings is not None else UNSET
-            out.append(self._chunk([choice], timings=tm))
+            out.append(replace(self.head, choices=[choice], timings=tm))
         return out
 
     def final(self, index: int, ev: FinalEvent) -> list[ChatCompletionChunk]:
         out = self._start(index)
         d = self.streams[index].feed(ev.text, final=True)
         if d:
-            out.append(self._chunk([ChunkChoice(None, index, _delta(d))]))
+            out.append(replace(self.head, choices=[ChunkChoice(None, index, _delta(d))]))
         self.finals.append(ev)
         last = ChunkChoice(finish_reason(ev, bool(d.parsed.tool_calls)), index, ChatDelta())
-        out.append(self._chunk([last], timings=timings_out(ev.timings)))
+        out.append(replace(self.head, choices=[last], timings=timings_out(ev.timings)))
         return out
 
     def closing(self) -> list[ChatCompletionChunk]:
         if not self.include_usage:
             return []
-        return [self._chunk([], usage=usage_of(self.finals, one_prompt=True))]
+        return [replace(self.head, usage=usage_of(self.finals, one_prompt=True))]
 
     def result(self, choices: list[Choice]) -> ChatCompletion:
         out = []

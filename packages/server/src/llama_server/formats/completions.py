@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from msgspec import UNSET, Struct, UnsetType
+from msgspec.structs import replace
 
 from llama_engine import FinalEvent, TokenEvent
 from llama_engine.tokenizer import Tokenizer
@@ -50,19 +51,7 @@ class CompletionsFormatter(Formatter):
         self, tok: Tokenizer, *, id: str, created: int, model: str, n_probs: int, post: bool
     ) -> None:
         super().__init__(tok, n_probs, post)
-        self.id = id
-        self.created = created
-        self.model = model
-
-    def _body(
-        self,
-        choices: list[CompletionChoice],
-        usage: ApiUsage | UnsetType = UNSET,
-        timings: ApiTimings | UnsetType = UNSET,
-    ) -> TextCompletion:
-        return TextCompletion(
-            choices, self.created, self.model, BUILD_INFO, "text_completion", usage, self.id, timings
-        )
+        self.head = TextCompletion([], created, model, BUILD_INFO, "text_completion", id=id)  # what every chunk shares
 
     def token(self, index: int, ev: TokenEvent) -> list[TextCompletion]:
         probs = self.probs(ev)
@@ -70,12 +59,12 @@ class CompletionsFormatter(Formatter):
             return []
         lp = LogprobsContent([probs]) if probs is not None else None
         tm = timings_out(ev.timings) if ev.timings is not None else UNSET
-        return [self._body([CompletionChoice(ev.text, index, lp, None)], timings=tm)]
+        return [replace(self.head, choices=[CompletionChoice(ev.text, index, lp, None)], timings=tm)]
 
     def final(self, index: int, ev: FinalEvent) -> list[TextCompletion]:
-        out = [self._body([CompletionChoice(ev.text, index, None, None)])] if ev.text else []
+        out = [replace(self.head, choices=[CompletionChoice(ev.text, index, None, None)])] if ev.text else []
         last = CompletionChoice("", index, None, finish_reason(ev))
-        out.append(self._body([last], usage=usage_of([ev]), timings=timings_out(ev.timings)))
+        out.append(replace(self.head, choices=[last], usage=usage_of([ev]), timings=timings_out(ev.timings)))
         return out
 
     def result(self, choices: list[Choice]) -> TextCompletion:
@@ -89,4 +78,4 @@ class CompletionsFormatter(Formatter):
             )
             for c in choices
         ]
-        return self._body(out, usage=usage_of(finals), timings=timings_out(finals[0].timings))
+        return replace(self.head, choices=out, usage=usage_of(finals), timings=timings_out(finals[0].timings))
