@@ -5,6 +5,8 @@ No loop thread: the test thread plays the engine, so every step's plan can be ch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from tiny_models import write_tiny_model
@@ -187,3 +189,20 @@ def test_cancelled_requests_end_at_the_next_step(engine: Engine) -> None:
     with pytest.raises(RequestCancelledError):
         eh.result()
     assert engine.kv.seq_pos_max(sched.embd_seq) == -1 and not sched.has_work
+
+
+def test_out_of_cells_fails_the_newest_request(tmp_path: Path) -> None:
+    """A full cache fails the newest running request (here the embedding); the older stream goes on."""
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", seed=3)
+    engine = Engine(path, EngineConfig(n_ctx=64, n_parallel=1, n_batch=16, warmup=False))
+    sched = engine.scheduler
+    h = RequestHandle()
+    sched.add(Generate(GenerationRequest(prompt=[256, *range(1, 40)], max_tokens=20, sampling=GREEDY), h))
+    eh = EmbeddingHandle()
+    sched.add(Embed(EmbeddingRequest(prompt=[256, *range(50, 90)]), eh))
+    sched.admit()
+    while sched.has_work:
+        engine.step()  # the loop's step: schedule, forward, postprocess (or undo and recover)
+    with pytest.raises(RuntimeError, match="KV cache is full"):
+        eh.result()
+    assert h.final is not None and h.final.reason == StopReason.LENGTH and len(_tokens(h)) == 20

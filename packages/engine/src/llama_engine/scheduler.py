@@ -405,11 +405,11 @@ class Scheduler:
                 s.tokens = []
             return
         running: list[Slot | EmbeddingJob] = [s for s in self.slots if s.state != SlotState.IDLE]
-        if self.embeddings and self.embeddings[0].n_done:
+        if self.embeddings:
             running.append(self.embeddings[0])
         if not running:
             return
-        newest = max(running, key=lambda w: w.t_start)
+        newest = max(running, key=lambda w: w.arrival)
         error = f"the KV cache is full: {message}"
         if isinstance(newest, Slot):
             self.fail(newest, error)
