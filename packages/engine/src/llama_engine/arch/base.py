@@ -450,7 +450,9 @@ class DecoderModel:
             assert rows.gate is not None and rows.up is not None
             lw.w_gate.matmul(h, out=rows.gate)
             lw.w_up.matmul(h, out=rows.up)
-            gate, up = ws.gate_up_parts
+            g, u = ws.gate_up_parts  # the whole buffers: the kernel takes n
+            assert g is not None and u is not None
+            gate, up = g, u
             up_col = 0
         glu = ops.geglu if self.activation == "gelu" else ops.swiglu
         glu(ws.glu.x, gate, up, n, n_ff, 0, up_col)

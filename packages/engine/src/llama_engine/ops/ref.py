@@ -18,7 +18,7 @@ _F32, _F64, _U32 = np.float32, np.float64, np.uint32
 
 def _running_sum(terms: np.ndarray, axis: int) -> np.ndarray:
     """Sums in order along ``axis`` (np.sum pairs terms up; a running sum adds them one after another)."""
-    return np.cumsum(terms, axis=axis, dtype=_F64).take(-1, axis=axis)
+    return np.asarray(np.cumsum(terms, axis=axis, dtype=_F64).take(-1, axis=axis))
 
 
 def rms_norm(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float, n: int, d: int) -> None:
