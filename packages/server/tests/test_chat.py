@@ -69,8 +69,11 @@ def test_raw_stream_framing(client):
 
 def test_response_format_not_supported(client):
     for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": {}}}):
-        assert_error(client.post("/v1/chat/completions", json={"messages": MSG, "response_format": fmt}), 501,
-                     "not_supported_error")  # fmt: skip
+        assert_error(
+            client.post("/v1/chat/completions", json={"messages": MSG, "response_format": fmt}),
+            501,
+            "not_supported_error",
+        )
     assert_error(
         client.post("/v1/chat/completions", json={"messages": MSG, "response_format": {"type": "xml"}}), 400
     )
@@ -110,8 +113,22 @@ def test_message_validation(client):
     two = [*MSG, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
     assert_error(client.post("/v1/chat/completions", json={"messages": two}), 400)
     assert_error(client.post("/v1/chat/completions", json={"messages": MSG, "tool_choice": "bogus"}), 400)
-    err = assert_error(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}), 500)  # fmt: skip
+    err = assert_error(
+        client.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                        ],
+                    }
+                ]
+            },
+        ),
+        500,
+    )
     assert "image input is not supported" in err["message"]
 
 

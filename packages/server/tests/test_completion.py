@@ -95,8 +95,11 @@ def test_response_fields(client):
 
 
 def test_context_exceeded(client):
-    err = assert_error(client.post("/completion", json={"prompt": [1] * 2100, "n_predict": 1}), 400,
-                       "exceed_context_size_error")  # fmt: skip
+    err = assert_error(
+        client.post("/completion", json={"prompt": [1] * 2100, "n_predict": 1}),
+        400,
+        "exceed_context_size_error",
+    )
     assert err["n_prompt_tokens"] == 2100 and err["n_ctx"] == 2048
     # a stream whose first result is an error is a plain JSON error, not an SSE stream
     assert_error(client.post("/completion", json={"prompt": [1] * 2100, "stream": True}), 400)

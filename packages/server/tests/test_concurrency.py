@@ -26,8 +26,11 @@ def _wait_idle(client: httpx.Client, seconds: float = 8) -> int:
 
 def test_disconnect_frees_slot(server, client):
     with httpx.Client(base_url=server.base_url, timeout=120) as c2:
-        with c2.stream("POST", "/completion", json={"prompt": "Once upon a time", "n_predict": 2000, "stream": True,
-                                                     "ignore_eos": True}) as r:  # fmt: skip
+        with c2.stream(
+            "POST",
+            "/completion",
+            json={"prompt": "Once upon a time", "n_predict": 2000, "stream": True, "ignore_eos": True},
+        ) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break  # got a token: now hang up
