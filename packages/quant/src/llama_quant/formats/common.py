@@ -24,18 +24,22 @@ from numba.extending import intrinsic
 
 __all__ = [
     "F16_TO_F32",
+    "absmax_signed",
     "f16_to_f32",
     "f32_bits",
     "f32_from_bits",
     "f32_to_f16",
+    "get_f16",
     "lroundf",
     "make_q3_quants",
     "make_qkx_lanes",
     "make_qp_quants",
     "make_qx_quants",
     "nearest_int",
+    "put_f16",
     "qkx_groups",
     "roundf",
+    "sum_sq",
     "transpose",
 ]
 
@@ -104,6 +108,43 @@ def f32_to_f16(f):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def put_f16(out, pos, f):
+    """Store f as little-endian fp16 at out[pos : pos + 2]; returns the stored value as float32."""
+    h = np.int64(f32_to_f16(f))
+    out[pos] = h & 0xFF
+    out[pos + 1] = h >> 8
+    return F16_TO_F32[h]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def get_f16(raw, pos):
+    """The little-endian fp16 at raw[pos : pos + 2] as float32."""
+    return F16_TO_F32[np.int64(raw[pos]) | (np.int64(raw[pos + 1]) << 8)]
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def sum_sq(x):
+    """sum(x[j] * x[j]) in float32, in order (the C loops that start sigma2)."""
+    s = _ZERO
+    for j in range(x.size):
+        s += x[j] * x[j]
+    return s
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def absmax_signed(x, n):
+    """(max |x[i]|, the x[i] that has it) over x[:n], the first one on ties; NaNs are passed over."""
+    amax = _ZERO
+    vmax = _ZERO
+    for i in range(n):
+        ax = abs(x[i])
+        if ax > amax:
+            amax = ax
+            vmax = x[i]
+    return amax, vmax
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def nearest_int(fval):
     """Round a float32 to the nearest int, ties to even, by ggml's 1.5*2**23 bit trick (exact C semantics,
     including the garbage it returns outside |fval| < 2**22)."""
@@ -136,13 +177,7 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw, st):
     (the first guess and -9..9 tenths) are independent, so their sums are accumulated side by side, each
     in the C order; the sequential choice among them is then the C loop's. st: float32[3, 19] scratch.
     """
-    fmax = _ZERO
-    amax = _ZERO
-    for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            fmax = x[i]
+    amax, fmax = absmax_signed(x, n)
     if amax < _GROUP_MAX_EPS:
         for i in range(n):
             L[i] = 0
@@ -181,13 +216,7 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw, st):
 @njit(cache=True, error_model="numpy")
 def make_q3_quants(n, nmax, x, L):
     """Q3_K's reference search with do_rmse=true; L[i] in [0, 2*nmax). ggml: make_q3_quants."""
-    fmax = _ZERO
-    amax = _ZERO
-    for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            fmax = x[i]
+    amax, fmax = absmax_signed(x, n)
     if amax < _GROUP_MAX_EPS:
         for i in range(n):
             L[i] = 0

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from llama_quant.formats.common import F16_TO_F32, f32_to_f16, nearest_int
+from llama_quant.formats.common import absmax_signed, get_f16, nearest_int, put_f16, sum_sq
+from llama_quant.formats.drivers import dequantize_blocks, quantize_rows
 from llama_quant.formats.ref import iq4 as ref
 from llama_quant.registry import BlockFormat
 
@@ -71,23 +72,14 @@ def _best_index_flat(x):
 def _iq4_superblock(x, qw, use_qw, L, scales, weight, st):
     """First pass of quantize_row_iq4_nl_impl over x (32 or 256 weights): per-32 scales, L; returns max_scale."""
     v = KVALUES_IQ4NL
-    sigma2 = _ZERO
-    for j in range(x.size):
-        sigma2 += x[j] * x[j]
-    sigma2 *= _f(2.0) / _f(x.size)
+    sigma2 = sum_sq(x) * (_f(2.0) / _f(x.size))
     max_scale = _ZERO
     amax_scale = _ZERO
     for ib in range(x.size // 32):
         xb = x[ib * 32 : ib * 32 + 32]
         for j in range(32):
             weight[j] = qw[ib * 32 + j] * np.sqrt(sigma2 + xb[j] * xb[j]) if use_qw else xb[j] * xb[j]
-        amax = _ZERO
-        vmax = _ZERO
-        for j in range(32):
-            ax = abs(xb[j])
-            if ax > amax:
-                amax = ax
-                vmax = xb[j]
+        amax, vmax = absmax_signed(xb, 32)
         if amax < _EPS:
             scales[ib] = _ZERO
             continue
@@ -137,99 +129,99 @@ def _pack_nibbles(L, qs):
             qs[16 * i + j] = np.int64(L[32 * i + j]) | (np.int64(L[32 * i + 16 + j]) << 4)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def _scratch(n):
+    # _iq4_superblock's arrays for n weights: levels, per-32 scales, weights, candidate sums
+    return (
+        np.zeros(n, np.uint8),
+        np.empty(n // 32, np.float32),
+        np.empty(32, np.float32),
+        np.empty((3, 2 * _NTRY + 1), np.float32),
+    )
+
+
 @njit(cache=True, error_model="numpy")
-def _put_f16(out, pos, f):
-    h = np.int64(f32_to_f16(f))
-    out[pos] = h & 0xFF
-    out[pos + 1] = h >> 8
+def _iq4_nl_row(x, qw, use_qw, y, ncols, nmax):
+    L, scales, weight, st = _scratch(32)
+    for ib in range(ncols // 32):
+        xb = x[ib * 32 : ib * 32 + 32]
+        yb = y[ib * 18 : ib * 18 + 18]
+        _iq4_superblock(xb, qw[ib * 32 :], use_qw, L, scales, weight, st)
+        put_f16(yb, 0, scales[0])
+        idd = _ONE / scales[0] if scales[0] != _ZERO else _ZERO
+        for j in range(32):
+            L[j] = _best_index(idd * xb[j])
+        _pack_nibbles(L, yb[2:18])
+
+
+@njit(cache=True, error_model="numpy")
+def _iq4_xs_row(x, qw, use_qw, y, ncols, nmax):
+    L, scales, weight, st = _scratch(256)
+    for ib in range(ncols // 256):
+        xb = x[ib * 256 : ib * 256 + 256]
+        yb = y[ib * 136 : ib * 136 + 136]
+        max_scale = _iq4_superblock(xb, qw[ib * 256 :], use_qw, L, scales, weight, st)
+        d = -max_scale / _f(32.0)
+        put_f16(yb, 0, d)
+        idd = _ONE / d if d != _ZERO else _ZERO
+        scales_h = 0
+        for k in range(8):
+            lv = max(-32, min(31, nearest_int(idd * scales[k])))
+            dl = d * _f(lv)
+            idl = _ONE / dl if dl != _ZERO else _ZERO
+            for j in range(32):
+                L[32 * k + j] = _best_index(idl * xb[32 * k + j])
+            lv += 32
+            if k % 2 == 0:
+                yb[4 + k // 2] = lv & 0xF
+            else:
+                yb[4 + k // 2] = np.int64(yb[4 + k // 2]) | ((lv & 0xF) << 4)
+            scales_h |= (lv >> 4) << (2 * k)
+        yb[2] = scales_h & 0xFF
+        yb[3] = scales_h >> 8
+        _pack_nibbles(L, yb[8:136])
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_iq4_nl(x, qw, nrows, ncols, out):
-    use_qw = qw.size > 0
-    nb = ncols // 32
-    for r in prange(nrows):
-        L = np.zeros(32, np.uint8)
-        scales = np.empty(1, np.float32)
-        weight = np.empty(32, np.float32)
-        st = np.empty((3, 2 * _NTRY + 1), np.float32)
-        for ib in range(nb):
-            xb = x[r * ncols + ib * 32 : r * ncols + ib * 32 + 32]
-            yb = out[(r * nb + ib) * 18 : (r * nb + ib) * 18 + 18]
-            _iq4_superblock(xb, qw[ib * 32 :], use_qw, L, scales, weight, st)
-            _put_f16(yb, 0, scales[0])
-            idd = _ONE / scales[0] if scales[0] != _ZERO else _ZERO
-            for j in range(32):
-                L[j] = _best_index(idd * xb[j])
-            _pack_nibbles(L, yb[2:18])
+    quantize_rows(_iq4_nl_row, x, qw, nrows, ncols, out, 32, 18)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_iq4_xs(x, qw, nrows, ncols, out):
-    use_qw = qw.size > 0
-    nb = ncols // 256
-    for r in prange(nrows):
-        L = np.zeros(256, np.uint8)
-        scales = np.empty(8, np.float32)
-        weight = np.empty(32, np.float32)
-        st = np.empty((3, 2 * _NTRY + 1), np.float32)
-        for ib in range(nb):
-            xb = x[r * ncols + ib * 256 : r * ncols + ib * 256 + 256]
-            yb = out[(r * nb + ib) * 136 : (r * nb + ib) * 136 + 136]
-            max_scale = _iq4_superblock(xb, qw[ib * 256 :], use_qw, L, scales, weight, st)
-            d = -max_scale / _f(32.0)
-            _put_f16(yb, 0, d)
-            idd = _ONE / d if d != _ZERO else _ZERO
-            scales_h = 0
-            for k in range(8):
-                lv = max(-32, min(31, nearest_int(idd * scales[k])))
-                dl = d * _f(lv)
-                idl = _ONE / dl if dl != _ZERO else _ZERO
-                for j in range(32):
-                    L[32 * k + j] = _best_index(idl * xb[32 * k + j])
-                lv += 32
-                if k % 2 == 0:
-                    yb[4 + k // 2] = lv & 0xF
-                else:
-                    yb[4 + k // 2] = np.int64(yb[4 + k // 2]) | ((lv & 0xF) << 4)
-                scales_h |= (lv >> 4) << (2 * k)
-            yb[2] = scales_h & 0xFF
-            yb[3] = scales_h >> 8
-            _pack_nibbles(L, yb[8:136])
+    quantize_rows(_iq4_xs_row, x, qw, nrows, ncols, out, 256, 136)
 
 
-_DQ_CHUNK = 256
+@njit(cache=True, error_model="numpy")
+def _dq_iq4_nl(b, y):
+    d = get_f16(b, 0)
+    for j in range(16):
+        q = np.int64(b[2 + j])
+        y[j] = d * _f(KVALUES_IQ4NL[q & 0xF])
+        y[j + 16] = d * _f(KVALUES_IQ4NL[q >> 4])
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_iq4_xs(b, y):
+    d = get_f16(b, 0)
+    sh = np.int64(b[2]) | (np.int64(b[3]) << 8)
+    for k in range(8):
+        ls = ((np.int64(b[4 + k // 2]) >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4)
+        dl = d * _f(ls - 32)
+        for j in range(16):
+            q = np.int64(b[8 + 16 * k + j])
+            y[32 * k + j] = dl * _f(KVALUES_IQ4NL[q & 0xF])
+            y[32 * k + j + 16] = dl * _f(KVALUES_IQ4NL[q >> 4])
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq4_nl(raw, n, out):
-    nb = n // 32
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 18 : i * 18 + 18]
-            d = F16_TO_F32[np.int64(b[0]) | (np.int64(b[1]) << 8)]
-            for j in range(16):
-                q = np.int64(b[2 + j])
-                out[i * 32 + j] = d * _f(KVALUES_IQ4NL[q & 0xF])
-                out[i * 32 + j + 16] = d * _f(KVALUES_IQ4NL[q >> 4])
+    dequantize_blocks(_dq_iq4_nl, raw, n, out, 32, 18)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq4_xs(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 136 : i * 136 + 136]
-            d = F16_TO_F32[np.int64(b[0]) | (np.int64(b[1]) << 8)]
-            sh = np.int64(b[2]) | (np.int64(b[3]) << 8)
-            for k in range(8):
-                ls = ((np.int64(b[4 + k // 2]) >> (4 * (k % 2))) & 0xF) | (((sh >> (2 * k)) & 3) << 4)
-                dl = d * _f(ls - 32)
-                y = out[i * 256 + 32 * k : i * 256 + 32 * k + 32]
-                for j in range(16):
-                    q = np.int64(b[8 + 16 * k + j])
-                    y[j] = dl * _f(KVALUES_IQ4NL[q & 0xF])
-                    y[j + 16] = dl * _f(KVALUES_IQ4NL[q >> 4])
+    dequantize_blocks(_dq_iq4_xs, raw, n, out, 256, 136)
 
 
 class IQ4_NL(BlockFormat, qtype=GGMLQuantizationType.IQ4_NL):

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
 from llama_quant.formats.common import F16_TO_F32
+from llama_quant.formats.drivers import dequantize_blocks
 from llama_quant.formats.grids import (
     IQ1S_DELTA,
     IQ1S_GRID,
@@ -48,7 +49,6 @@ _f = np.float32
 _HALF = np.float32(0.5)
 _QUARTER = np.float32(0.25)
 _ONE = np.float32(1.0)
-_CHUNK = 64  # super-blocks per parallel chunk
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -173,58 +173,37 @@ def _dq_iq1_m(b, y):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq2_xxs(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(nb, (c + 1) * _CHUNK)):
-            _dq_iq2_xxs(raw[i * 66 : (i + 1) * 66], out[i * 256 : (i + 1) * 256])
+    dequantize_blocks(_dq_iq2_xxs, raw, n, out, 256, 66)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq2_xs(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(nb, (c + 1) * _CHUNK)):
-            _dq_iq2_xs(raw[i * 74 : (i + 1) * 74], out[i * 256 : (i + 1) * 256])
+    dequantize_blocks(_dq_iq2_xs, raw, n, out, 256, 74)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq2_s(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(nb, (c + 1) * _CHUNK)):
-            _dq_iq2_s(raw[i * 82 : (i + 1) * 82], out[i * 256 : (i + 1) * 256])
+    dequantize_blocks(_dq_iq2_s, raw, n, out, 256, 82)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq3_xxs(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(nb, (c + 1) * _CHUNK)):
-            _dq_iq3_xxs(raw[i * 98 : (i + 1) * 98], out[i * 256 : (i + 1) * 256])
+    dequantize_blocks(_dq_iq3_xxs, raw, n, out, 256, 98)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq3_s(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(nb, (c + 1) * _CHUNK)):
-            _dq_iq3_s(raw[i * 110 : (i + 1) * 110], out[i * 256 : (i + 1) * 256])
+    dequantize_blocks(_dq_iq3_s, raw, n, out, 256, 110)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq1_s(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(nb, (c + 1) * _CHUNK)):
-            _dq_iq1_s(raw[i * 50 : (i + 1) * 50], out[i * 256 : (i + 1) * 256])
+    dequantize_blocks(_dq_iq1_s, raw, n, out, 256, 50)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_iq1_m(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(nb, (c + 1) * _CHUNK)):
-            _dq_iq1_m(raw[i * 56 : (i + 1) * 56], out[i * 256 : (i + 1) * 256])
+    dequantize_blocks(_dq_iq1_m, raw, n, out, 256, 56)
 
 
 class IQ2_XXS(BlockFormat, qtype=GGMLQuantizationType.IQ2_XXS):

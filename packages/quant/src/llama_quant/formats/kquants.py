@@ -15,23 +15,26 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
 from llama_quant.formats.common import (
-    F16_TO_F32,
-    f32_to_f16,
+    absmax_signed,
     make_q3_quants,
     make_qp_quants,
     make_qx_quants,
     nearest_int,
+    put_f16,
     qkx_groups,
+    sum_sq,
 )
+from llama_quant.formats.drivers import quantize_rows
 from llama_quant.formats.kquants_dequant import (
     dequantize_q2_k,
     dequantize_q3_k,
     dequantize_q4_k,
     dequantize_q5_k,
     dequantize_q6_k,
+    scale_min_k4,
 )
 from llama_quant.formats.ref import kquants as ref
 from llama_quant.registry import BlockFormat
@@ -55,32 +58,6 @@ _ONE = np.float32(1.0)
 _EPS = np.float32(1e-15)  # GROUP_MAX_EPS
 
 
-@njit(cache=True, inline="always", error_model="numpy")
-def _put_f16(out, pos, f):
-    h = np.int64(f32_to_f16(f))
-    out[pos] = h & 0xFF
-    out[pos + 1] = h >> 8
-    return F16_TO_F32[h]
-
-
-@njit(cache=True, error_model="numpy")
-def _sum_sq(x):
-    s = _ZERO
-    for j in range(x.size):
-        s += x[j] * x[j]
-    return s
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _scale_min_k4(j, q):
-    # get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes q
-    if j < 4:
-        return np.int64(q[j]) & 63, np.int64(q[j + 4]) & 63
-    return (np.int64(q[j + 4]) & 0xF) | ((np.int64(q[j - 4]) >> 6) << 4), (np.int64(q[j + 4]) >> 4) | (
-        (np.int64(q[j]) >> 6) << 4
-    )
-
-
 @njit(cache=True, error_model="numpy")
 def _pack_2bit(L, qs):
     # 4 values of 2 bits per byte: qs[j/4 + l] = L[j+l] | L[j+l+32] << 2 | L[j+l+64] << 4 | L[j+l+96] << 6
@@ -95,13 +72,36 @@ def _pack_2bit(L, qs):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
+def _impl_weights(xb, qwb, sigma2, gs, weights, sw):
+    # the _impl weights of a super-block, qw[j] * sqrtf(sigma2 + x[j]^2), and their sum per group of gs
+    for j in range(256 // gs):
+        sv = _ZERO
+        for m in range(gs):
+            v = xb[gs * j + m]
+            wv = qwb[gs * j + m] * np.sqrt(sigma2 + v * v)
+            weights[gs * j + m] = wv
+            sv += wv
+        sw[j] = sv
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _max0(v):
+    # max(0, v[0], v[1], ...) in order, as the _ref functions' max_scale / max_min loops
+    m = _ZERO
+    for j in range(v.size):
+        if v[j] > m:
+            m = v[j]
+    return m
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def _rows_per_span(ncols):
     # whole rows per work item: enough sub-blocks side by side for make_qkx_lanes to vectorize
     return max(1, 4096 // ncols)
 
 
 @njit(cache=True, error_model="numpy")
-def _q2_k_span(x, qw, use_qw, y, ncols):
+def _q2_k_span(x, qw, use_qw, y, ncols, nmax):
     # a span of whole rows: quantize_row_q2_K_ref, or quantize_row_q2_K_impl row by row
     nsb = x.size // 256
     weights = np.empty(x.size, np.float32)
@@ -118,16 +118,8 @@ def _q2_k_span(x, qw, use_qw, y, ncols):
             for m in range(256):
                 weights[i * 256 + m] = abs(xb[m])
         else:
-            sigma2 = _sum_sq(xb) / _f(256)
             qo = (i % (ncols // 256)) * 256
-            for j in range(16):
-                sv = _ZERO
-                for m in range(16):
-                    v = xb[16 * j + m]
-                    wv = qw[qo + 16 * j + m] * np.sqrt(sigma2 + v * v)
-                    weights[i * 256 + 16 * j + m] = wv
-                    sv += wv
-                sw[i * 16 + j] = sv
+            _impl_weights(xb, qw[qo : qo + 256], sum_sq(xb) / _f(256), 16, weights[i * 256 :], sw[i * 16 :])
     if not use_qw:
         qkx_groups(x, weights, 16, 3, _f(-0.5), _f(0.1), 15, True, True, scales_all, mins_all, L)
     else:
@@ -139,32 +131,27 @@ def _q2_k_span(x, qw, use_qw, y, ncols):
         scales = scales_all[i * 16 : i * 16 + 16]
         mins = mins_all[i * 16 : i * 16 + 16]
         if not use_qw:  # quantize_row_q2_K_ref
-            max_scale = _ZERO
-            max_min = _ZERO
-            for j in range(16):
-                if scales[j] > max_scale:
-                    max_scale = scales[j]
-                if mins[j] > max_min:
-                    max_min = mins[j]
+            max_scale = _max0(scales)
+            max_min = _max0(mins)
             if max_scale > _ZERO:
                 iscale = q4scale / max_scale
                 for j in range(16):
                     yb[j] = nearest_int(iscale * scales[j]) & 0xFF
-                dm = _put_f16(yb, 80, max_scale / q4scale)
+                dm = put_f16(yb, 80, max_scale / q4scale)
             else:
                 for j in range(16):
                     yb[j] = 0
-                dm = _put_f16(yb, 80, _ZERO)
+                dm = put_f16(yb, 80, _ZERO)
             if max_min > _ZERO:
                 iscale = q4scale / max_min
                 for j in range(16):
                     yb[j] = (np.int64(yb[j]) | (nearest_int(iscale * mins[j]) << 4)) & 0xFF
-                mm = _put_f16(yb, 82, max_min / q4scale)
+                mm = put_f16(yb, 82, max_min / q4scale)
             else:
-                mm = _put_f16(yb, 82, _ZERO)
+                mm = put_f16(yb, 82, _ZERO)
         else:  # quantize_row_q2_K_impl
-            dm = _put_f16(yb, 80, make_qp_quants(16, 15, scales, Ls, sw[i * 16 : i * 16 + 16]))
-            mm = _put_f16(yb, 82, make_qp_quants(16, 15, mins, Lm, sw[i * 16 : i * 16 + 16]))
+            dm = put_f16(yb, 80, make_qp_quants(16, 15, scales, Ls, sw[i * 16 : i * 16 + 16]))
+            mm = put_f16(yb, 82, make_qp_quants(16, 15, mins, Lm, sw[i * 16 : i * 16 + 16]))
             for j in range(16):
                 yb[j] = np.int64(Ls[j]) | (np.int64(Lm[j]) << 4)
         for j in range(16):
@@ -178,11 +165,11 @@ def _q2_k_span(x, qw, use_qw, y, ncols):
 
 
 @njit(cache=True, error_model="numpy")
-def _q3_k_row(x, qw, use_qw, y):
+def _q3_k_row(x, qw, use_qw, y, ncols, nmax):
     qxst = np.empty((3, 19), np.float32)
     L = np.zeros(x.size, np.int8)
     scales_all = np.empty(x.size // 16, np.float32)
-    weight = np.empty(16, np.float32)
+    weight = np.empty(256, np.float32)
     sw = np.empty(16, np.float32)
     Ls = np.empty(16, np.int8)
     for i in range(x.size // 256):
@@ -194,37 +181,25 @@ def _q3_k_row(x, qw, use_qw, y):
         Lb = L[i * 256 : i * 256 + 256]
         scales = scales_all[i * 16 : i * 16 + 16]
         if not use_qw:  # quantize_row_q3_K_ref
-            amax = _ZERO
             for j in range(16):
                 scales[j] = make_q3_quants(16, 4, xb[16 * j : 16 * j + 16], Lb[16 * j : 16 * j + 16])
-                a = abs(scales[j])
-                if a > amax:
-                    amax = a
-                    max_scale = scales[j]
+            max_scale = absmax_signed(scales, 16)[1]
             if max_scale != _ZERO:
                 iscale = _f(-32.0) / max_scale
                 for j in range(16):
                     l8 = ((nearest_int(iscale * scales[j]) + 128) & 0xFF) - 128  # int8_t l = nearest_int(..)
                     Ls[j] = max(-32, min(31, l8)) + 32
-                dall = _put_f16(yb, 108, _ONE / iscale)
+                dall = put_f16(yb, 108, _ONE / iscale)
             else:  # all scale bytes stay 0
-                dall = _put_f16(yb, 108, _ZERO)
+                dall = put_f16(yb, 108, _ZERO)
         else:  # quantize_row_q3_K_impl
-            sigma2 = _f(2.0) * _sum_sq(xb) / _f(256)
-            qwb = qw[i * 256 : i * 256 + 256]
+            sigma2 = _f(2.0) * sum_sq(xb) / _f(256)
+            _impl_weights(xb, qw[i * 256 : i * 256 + 256], sigma2, 16, weight, sw)
             for j in range(16):
-                for m in range(16):
-                    v = xb[16 * j + m]
-                    weight[m] = qwb[16 * j + m] * np.sqrt(sigma2 + v * v)
-                s = _ZERO
-                for m in range(16):
-                    s += weight[m]
-                sw[j] = s
-                scales[j] = make_qx_quants(
-                    16, 4, xb[16 * j : 16 * j + 16], Lb[16 * j : 16 * j + 16], weight, True, qxst
-                )
+                g = slice(16 * j, 16 * j + 16)
+                scales[j] = make_qx_quants(16, 4, xb[g], Lb[g], weight[g], True, qxst)
             d_block = make_qx_quants(16, 32, scales, Ls, sw, True, qxst)
-            dall = _put_f16(yb, 108, d_block)
+            dall = put_f16(yb, 108, d_block)
         for j in range(16):
             lv = np.int64(Ls[j]) if (use_qw or max_scale != _ZERO) else 0
             if j < 8:
@@ -254,7 +229,7 @@ def _q3_k_row(x, qw, use_qw, y):
 
 
 @njit(cache=True, error_model="numpy")
-def _q45_k_span(x, qw, use_qw, y, nmax, ncols):
+def _q45_k_span(x, qw, use_qw, y, ncols, nmax):
     # Q4_K (nmax 15, 144-byte blocks) and Q5_K (nmax 31, 176-byte blocks) over a span of whole rows
     bs = 144 if nmax == 15 else 176
     nsb = x.size // 256
@@ -270,20 +245,13 @@ def _q45_k_span(x, qw, use_qw, y, nmax, ncols):
         if not use_qw:  # quantize_row_q{4,5}_K_ref weights
             for j in range(8):
                 xs = xb[32 * j : 32 * j + 32]
-                av_x = np.sqrt(_sum_sq(xs) / _f(32))
+                av_x = np.sqrt(sum_sq(xs) / _f(32))
                 for m in range(32):
                     weights[i * 256 + 32 * j + m] = av_x + abs(xs[m])
         else:  # quantize_row_q{4,5}_K_impl weights
-            sigma2 = _f(2.0) * _sum_sq(xb) / _f(256)
             qo = (i % (ncols // 256)) * 256
-            for j in range(8):
-                sv = _ZERO
-                for m in range(32):
-                    v = xb[32 * j + m]
-                    wv = qw[qo + 32 * j + m] * np.sqrt(sigma2 + v * v)
-                    weights[i * 256 + 32 * j + m] = wv
-                    sv += wv
-                sw[i * 8 + j] = sv
+            sigma2 = _f(2.0) * sum_sq(xb) / _f(256)
+            _impl_weights(xb, qw[qo : qo + 256], sigma2, 32, weights[i * 256 :], sw[i * 8 :])
     if use_qw:
         qkx_groups(x, weights, 32, nmax, _f(-0.9), _f(0.05), 36, False, False, scales_all, mins_all, L)
     elif nmax == 15:
@@ -298,13 +266,8 @@ def _q45_k_span(x, qw, use_qw, y, nmax, ncols):
         scales = scales_all[i * 8 : i * 8 + 8]
         mins = mins_all[i * 8 : i * 8 + 8]
         if not use_qw:
-            max_scale = _ZERO
-            max_min = _ZERO
-            for j in range(8):
-                if scales[j] > max_scale:
-                    max_scale = scales[j]
-                if mins[j] > max_min:
-                    max_min = mins[j]
+            max_scale = _max0(scales)
+            max_min = _max0(mins)
             inv_scale = _f(63.0) / max_scale if max_scale > _ZERO else _ZERO
             inv_min = _f(63.0) / max_min if max_min > _ZERO else _ZERO
             for j in range(8):
@@ -325,10 +288,10 @@ def _q45_k_span(x, qw, use_qw, y, nmax, ncols):
                 sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4)
                 sc[j - 4] = np.int64(sc[j - 4]) | ((ls >> 4) << 6)
                 sc[j] = np.int64(sc[j]) | ((lm >> 4) << 6)
-        dd = _put_f16(yb, 0, d_block)
-        dmin = _put_f16(yb, 2, m_block)
+        dd = put_f16(yb, 0, d_block)
+        dmin = put_f16(yb, 2, m_block)
         for j in range(8):
-            s6, m6 = _scale_min_k4(j, sc)
+            s6, m6 = scale_min_k4(j, sc)
             d = dd * _f(s6)
             if d == _ZERO:
                 continue
@@ -358,40 +321,25 @@ def _q45_k_span(x, qw, use_qw, y, nmax, ncols):
 
 
 @njit(cache=True, error_model="numpy")
-def _q6_k_row(x, qw, use_qw, y):
+def _q6_k_row(x, qw, use_qw, y, ncols, nmax):
     qxst = np.empty((3, 19), np.float32)
     L = np.zeros(256, np.int8)
     scales = np.empty(16, np.float32)
     for i in range(x.size // 256):
         xb = x[i * 256 : i * 256 + 256]
         yb = y[i * 210 : i * 210 + 210]
-        max_scale = _ZERO
-        max_abs_scale = _ZERO
         for ib in range(16):
-            if use_qw:  # quantize_row_q6_K_impl weighs by the raw quant_weights
-                s = make_qx_quants(
-                    16,
-                    32,
-                    xb[16 * ib : 16 * ib + 16],
-                    L[16 * ib : 16 * ib + 16],
-                    qw[i * 256 + 16 * ib :],
-                    True,
-                    qxst,
-                )
-            else:
-                s = make_qx_quants(
-                    16, 32, xb[16 * ib : 16 * ib + 16], L[16 * ib : 16 * ib + 16], scales, False, qxst
-                )
-            scales[ib] = s
-            a = abs(s)
-            if a > max_abs_scale:
-                max_abs_scale = a
-                max_scale = s
+            # quantize_row_q6_K_impl weighs by the raw quant_weights (an empty slice when there are none)
+            xs = xb[16 * ib : 16 * ib + 16]
+            scales[ib] = make_qx_quants(
+                16, 32, xs, L[16 * ib : 16 * ib + 16], qw[i * 256 + 16 * ib :], use_qw, qxst
+            )
+        max_abs_scale, max_scale = absmax_signed(scales, 16)
         if max_abs_scale < _EPS:
             yb[:] = 0
             continue
         iscale = _f(-128.0) / max_scale
-        dd = _put_f16(yb, 208, _ONE / iscale)
+        dd = put_f16(yb, 208, _ONE / iscale)
         for ib in range(16):
             yb[192 + ib] = min(127, nearest_int(iscale * scales[ib])) & 0xFF
         for j in range(16):
@@ -414,46 +362,27 @@ def _q6_k_row(x, qw, use_qw, y):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q2_k(x, qw, nrows, ncols, out):
-    rb = ncols // 256 * 84
-    rpc = _rows_per_span(ncols)
-    for c in prange((nrows + rpc - 1) // rpc):
-        r0 = c * rpc
-        r1 = min(nrows, r0 + rpc)
-        _q2_k_span(x[r0 * ncols : r1 * ncols], qw, qw.size > 0, out[r0 * rb : r1 * rb], ncols)
+    quantize_rows(_q2_k_span, x, qw, nrows, ncols, out, 256, 84, span=_rows_per_span(ncols))
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q3_k(x, qw, nrows, ncols, out):
-    rb = ncols // 256 * 110
-    for r in prange(nrows):
-        _q3_k_row(x[r * ncols : (r + 1) * ncols], qw, qw.size > 0, out[r * rb : (r + 1) * rb])
+    quantize_rows(_q3_k_row, x, qw, nrows, ncols, out, 256, 110)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q4_k(x, qw, nrows, ncols, out):
-    rb = ncols // 256 * 144
-    rpc = _rows_per_span(ncols)
-    for c in prange((nrows + rpc - 1) // rpc):
-        r0 = c * rpc
-        r1 = min(nrows, r0 + rpc)
-        _q45_k_span(x[r0 * ncols : r1 * ncols], qw, qw.size > 0, out[r0 * rb : r1 * rb], 15, ncols)
+    quantize_rows(_q45_k_span, x, qw, nrows, ncols, out, 256, 144, span=_rows_per_span(ncols), nmax=15)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q5_k(x, qw, nrows, ncols, out):
-    rb = ncols // 256 * 176
-    rpc = _rows_per_span(ncols)
-    for c in prange((nrows + rpc - 1) // rpc):
-        r0 = c * rpc
-        r1 = min(nrows, r0 + rpc)
-        _q45_k_span(x[r0 * ncols : r1 * ncols], qw, qw.size > 0, out[r0 * rb : r1 * rb], 31, ncols)
+    quantize_rows(_q45_k_span, x, qw, nrows, ncols, out, 256, 176, span=_rows_per_span(ncols), nmax=31)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q6_k(x, qw, nrows, ncols, out):
-    rb = ncols // 256 * 210
-    for r in prange(nrows):
-        _q6_k_row(x[r * ncols : (r + 1) * ncols], qw, qw.size > 0, out[r * rb : (r + 1) * rb])
+    quantize_rows(_q6_k_row, x, qw, nrows, ncols, out, 256, 210)
 
 
 class Q2_K(BlockFormat, qtype=GGMLQuantizationType.Q2_K):

@@ -9,23 +9,26 @@ friends), so results are bit-identical to ``gguf.quants.dequantize``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from llama_quant.formats.common import F16_TO_F32
+from llama_quant.formats.common import get_f16
+from llama_quant.formats.drivers import dequantize_blocks
 
-__all__ = ["dequantize_q2_k", "dequantize_q3_k", "dequantize_q4_k", "dequantize_q5_k", "dequantize_q6_k"]
+__all__ = [
+    "dequantize_q2_k",
+    "dequantize_q3_k",
+    "dequantize_q4_k",
+    "dequantize_q5_k",
+    "dequantize_q6_k",
+    "scale_min_k4",
+]
 
 _f = np.float32
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _get_f16(raw, pos):
-    return F16_TO_F32[np.int64(raw[pos]) | (np.int64(raw[pos + 1]) << 8)]
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _scale_min_k4(j, q):
-    # get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes q
+def scale_min_k4(j, q):
+    """get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes q."""
     if j < 4:
         return np.int64(q[j]) & 63, np.int64(q[j + 4]) & 63
     return (np.int64(q[j + 4]) & 0xF) | ((np.int64(q[j - 4]) >> 6) << 4), (np.int64(q[j + 4]) >> 4) | (
@@ -33,13 +36,10 @@ def _scale_min_k4(j, q):
     )
 
 
-_DQ_CHUNK = 64  # super-blocks per parallel chunk
-
-
 @njit(cache=True, error_model="numpy")
 def _dq_q2_k(b, y):
-    d = _get_f16(b, 80)
-    dmin = _get_f16(b, 82)
+    d = get_f16(b, 80)
+    dmin = get_f16(b, 82)
     for p in range(256):
         s = np.int64(b[p // 16])
         h, r = divmod(p, 128)
@@ -49,7 +49,7 @@ def _dq_q2_k(b, y):
 
 @njit(cache=True, error_model="numpy")
 def _dq_q3_k(b, y):
-    d = _get_f16(b, 108)
+    d = get_f16(b, 108)
     for p in range(256):
         k = p // 16
         lo = (np.int64(b[96 + k]) & 0xF) if k < 8 else (np.int64(b[96 + k - 8]) >> 4)
@@ -62,12 +62,12 @@ def _dq_q3_k(b, y):
 
 
 @njit(cache=True, error_model="numpy")
-def _dq_q45_k(b, y, five):
-    d = _get_f16(b, 0)
-    dmin = _get_f16(b, 2)
+def _dq_q45_k(b, y, five):  # Q4_K, or Q5_K when five
+    d = get_f16(b, 0)
+    dmin = get_f16(b, 2)
     qs0 = 48 if five else 16
     for k in range(8):
-        s6, m6 = _scale_min_k4(k, b[4:16])
+        s6, m6 = scale_min_k4(k, b[4:16])
         dl = d * _f(s6)
         ml = dmin * _f(m6)
         c, nib = divmod(k, 2)
@@ -80,7 +80,7 @@ def _dq_q45_k(b, y, five):
 
 @njit(cache=True, error_model="numpy")
 def _dq_q6_k(b, y):
-    d = _get_f16(b, 208)
+    d = get_f16(b, 208)
     for p in range(256):
         sv = np.int64(b[192 + p // 16])
         dl = d * _f(sv - 256 if sv > 127 else sv)
@@ -91,41 +91,36 @@ def _dq_q6_k(b, y):
         y[p] = dl * _f((ql | (qh << 4)) - 32)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def _dq_q4_k(b, y):
+    _dq_q45_k(b, y, False)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _dq_q5_k(b, y):
+    _dq_q45_k(b, y, True)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q2_k(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            _dq_q2_k(raw[i * 84 : i * 84 + 84], out[i * 256 : i * 256 + 256])
+    dequantize_blocks(_dq_q2_k, raw, n, out, 256, 84)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q3_k(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            _dq_q3_k(raw[i * 110 : i * 110 + 110], out[i * 256 : i * 256 + 256])
+    dequantize_blocks(_dq_q3_k, raw, n, out, 256, 110)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q4_k(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            _dq_q45_k(raw[i * 144 : i * 144 + 144], out[i * 256 : i * 256 + 256], False)
+    dequantize_blocks(_dq_q4_k, raw, n, out, 256, 144)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q5_k(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            _dq_q45_k(raw[i * 176 : i * 176 + 176], out[i * 256 : i * 256 + 256], True)
+    dequantize_blocks(_dq_q5_k, raw, n, out, 256, 176)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q6_k(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            _dq_q6_k(raw[i * 210 : i * 210 + 210], out[i * 256 : i * 256 + 256])
+    dequantize_blocks(_dq_q6_k, raw, n, out, 256, 210)

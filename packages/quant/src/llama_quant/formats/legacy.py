@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
 from llama_quant.formats.common import (
-    F16_TO_F32,
-    f32_to_f16,
+    absmax_signed,
+    get_f16,
     make_qx_quants,
+    put_f16,
     qkx_groups,
     roundf,
+    sum_sq,
 )
+from llama_quant.formats.drivers import dequantize_blocks, quantize_blocks, quantize_rows
 from llama_quant.formats.ref import legacy as ref
 from llama_quant.registry import BlockFormat
 
@@ -48,18 +51,6 @@ _RDELTA = np.float32(0.05)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _put_f16(out, pos, f):
-    h = np.int64(f32_to_f16(f))
-    out[pos] = h & 0xFF
-    out[pos + 1] = h >> 8
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _get_f16(raw, pos):
-    return F16_TO_F32[np.int64(raw[pos]) | (np.int64(raw[pos + 1]) << 8)]
-
-
-@njit(cache=True, inline="always", error_model="numpy")
 def _put_u32(out, pos, v):
     for k in range(4):
         out[pos + k] = (v >> (8 * k)) & 0xFF
@@ -68,10 +59,7 @@ def _put_u32(out, pos, v):
 @njit(cache=True, error_model="numpy")
 def _sigma2(x):
     # sum(x^2)/n_per_row in float32, sequential like the C loop
-    s = _ZERO
-    for j in range(x.size):
-        s += x[j] * x[j]
-    return s / _f(x.size)
+    return sum_sq(x) / _f(x.size)
 
 
 @njit(cache=True, error_model="numpy")
@@ -82,75 +70,48 @@ def _weights(xb, qwb, sigma2, weight):
 
 
 @njit(cache=True, error_model="numpy")
-def _absmax_signed(xb):
-    # the value with the largest magnitude (first one on ties)
-    amax = _ZERO
-    vmax = _ZERO
-    for j in range(xb.size):
-        a = abs(xb[j])
-        if amax < a:
-            amax = a
-            vmax = xb[j]
-    return vmax
+def _pack_32(yb, pos, L, five):
+    # the 32 levels of a block at yb[pos:]: nibble pairs (L[j], L[j + 16]); with five, the u32 of fifth bits first
+    if not five:
+        for j in range(16):
+            yb[pos + j] = np.int64(np.uint8(L[j])) | (np.int64(np.uint8(L[j + 16])) << 4)
+        return
+    qh = 0
+    for j in range(16):
+        xi0 = np.int64(np.uint8(L[j]))
+        xi1 = np.int64(np.uint8(L[j + 16]))
+        yb[pos + 4 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4)
+        qh |= ((xi0 & 0x10) >> 4) << j
+        qh |= ((xi1 & 0x10) >> 4) << (j + 16)
+    _put_u32(yb, pos, qh)
 
 
 @njit(cache=True, error_model="numpy")
-def _q4_0_row(x, qw, use_qw, y):
-    nb = x.size // 32
+def _q_0_row(x, qw, use_qw, y, ncols, nmax):
+    # Q4_0 (nmax 8) and Q5_0 (nmax 16): quantize_row_q{4,5}_0_ref / _impl
+    bs = 18 if nmax == 8 else 22
     L = np.empty(32, np.int8)
     weight = np.empty(32, np.float32)
     qxst = np.empty((3, 19), np.float32)
     sigma2 = _sigma2(x) if use_qw else _ZERO
-    for ib in range(nb):
+    offset = _f(nmax) + _f(0.5)  # 8.5 or 16.5, exact
+    for ib in range(x.size // 32):
         xb = x[ib * 32 : ib * 32 + 32]
-        yb = y[ib * 18 : ib * 18 + 18]
-        if use_qw:  # quantize_row_q4_0_impl
+        yb = y[ib * bs : ib * bs + bs]
+        if use_qw:
             _weights(xb, qw[ib * 32 : ib * 32 + 32], sigma2, weight)
-            d = make_qx_quants(32, 8, xb, L, weight, True, qxst)
-            _put_f16(yb, 0, d)
-            for j in range(16):
-                yb[2 + j] = np.int64(np.uint8(L[j])) | (np.int64(np.uint8(L[j + 16])) << 4)
-        else:  # quantize_row_q4_0_ref
-            d = _absmax_signed(xb) / _f(-8)
-            idd = _ONE / d if d != _ZERO else _ZERO
-            _put_f16(yb, 0, d)
-            for j in range(16):
-                xi0 = min(15, np.int64(xb[j] * idd + _f(8.5)))
-                xi1 = min(15, np.int64(xb[j + 16] * idd + _f(8.5)))
-                yb[2 + j] = xi0 | (xi1 << 4)
-
-
-@njit(cache=True, error_model="numpy")
-def _q5_0_row(x, qw, use_qw, y):
-    nb = x.size // 32
-    L = np.empty(32, np.int8)
-    weight = np.empty(32, np.float32)
-    qxst = np.empty((3, 19), np.float32)
-    sigma2 = _sigma2(x) if use_qw else _ZERO
-    for ib in range(nb):
-        xb = x[ib * 32 : ib * 32 + 32]
-        yb = y[ib * 22 : ib * 22 + 22]
-        if use_qw:  # quantize_row_q5_0_impl
-            _weights(xb, qw[ib * 32 : ib * 32 + 32], sigma2, weight)
-            d = make_qx_quants(32, 16, xb, L, weight, True, qxst)
-        else:  # quantize_row_q5_0_ref
-            d = _absmax_signed(xb) / _f(-16)
+            d = make_qx_quants(32, nmax, xb, L, weight, True, qxst)
+        else:
+            d = absmax_signed(xb, 32)[1] / _f(-nmax)
             idd = _ONE / d if d != _ZERO else _ZERO
             for j in range(32):
-                L[j] = min(31, np.int64(xb[j] * idd + _f(16.5)))
-        _put_f16(yb, 0, d)
-        qh = 0
-        for j in range(16):
-            xi0 = np.int64(np.uint8(L[j]))
-            xi1 = np.int64(np.uint8(L[j + 16]))
-            yb[6 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4)
-            qh |= ((xi0 & 0x10) >> 4) << j
-            qh |= ((xi1 & 0x10) >> 4) << (j + 16)
-        _put_u32(yb, 2, qh)
+                L[j] = min(2 * nmax - 1, np.int64(xb[j] * idd + offset))
+        put_f16(yb, 0, d)
+        _pack_32(yb, 2, L, nmax == 16)
 
 
 @njit(cache=True, error_model="numpy")
-def _q_1_row(x, qw, use_qw, y, nmax):
+def _q_1_row(x, qw, use_qw, y, ncols, nmax):
     # Q4_1 (nmax 15) and Q5_1 (nmax 31): quantize_row_q{4,5}_1_ref / _impl
     bs = 20 if nmax == 15 else 24
     nb = x.size // 32
@@ -189,151 +150,123 @@ def _q_1_row(x, qw, use_qw, y, nmax):
     for ib in range(nb):
         yb = y[ib * bs : ib * bs + bs]
         Lb = L[ib * 32 : ib * 32 + 32]
-        _put_f16(yb, 0, dq[ib])
-        _put_f16(yb, 2, mq[ib])
-        if nmax == 15:
-            for j in range(16):
-                yb[4 + j] = np.int64(Lb[j]) | (np.int64(Lb[j + 16]) << 4)
-        else:
-            qh = 0
-            for j in range(16):
-                xi0 = np.int64(Lb[j])
-                xi1 = np.int64(Lb[j + 16])
-                yb[8 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4)
-                qh |= ((xi0 & 0x10) >> 4) << j
-                qh |= ((xi1 & 0x10) >> 4) << (j + 16)
-            _put_u32(yb, 4, qh)
-
-
-@njit(cache=True, error_model="numpy")
-def _q8_0_row(x, y):
-    nb = x.size // 32
-    for ib in range(nb):
-        xb = x[ib * 32 : ib * 32 + 32]
-        yb = y[ib * 34 : ib * 34 + 34]
-        amax = _ZERO
-        for j in range(32):
-            a = abs(xb[j])
-            amax = amax if amax > a else a  # MAX(amax, fabsf(v)), NaN-order as in C
-        d = amax / _f(127)
-        idd = _ONE / d if d != _ZERO else _ZERO
-        _put_f16(yb, 0, d)
-        for j in range(32):
-            yb[2 + j] = np.uint8(np.int8(np.int64(roundf(xb[j] * idd))))
+        put_f16(yb, 0, dq[ib])
+        put_f16(yb, 2, mq[ib])
+        _pack_32(yb, 4, Lb, nmax == 31)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q4_0(x, qw, nrows, ncols, out):
-    rb = ncols // 32 * 18
-    for r in prange(nrows):
-        _q4_0_row(x[r * ncols : (r + 1) * ncols], qw, qw.size > 0, out[r * rb : (r + 1) * rb])
+    quantize_rows(_q_0_row, x, qw, nrows, ncols, out, 32, 18, nmax=8)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q4_1(x, qw, nrows, ncols, out):
-    rb = ncols // 32 * 20
-    for r in prange(nrows):
-        _q_1_row(x[r * ncols : (r + 1) * ncols], qw, qw.size > 0, out[r * rb : (r + 1) * rb], 15)
+    quantize_rows(_q_1_row, x, qw, nrows, ncols, out, 32, 20, nmax=15)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q5_0(x, qw, nrows, ncols, out):
-    rb = ncols // 32 * 22
-    for r in prange(nrows):
-        _q5_0_row(x[r * ncols : (r + 1) * ncols], qw, qw.size > 0, out[r * rb : (r + 1) * rb])
+    quantize_rows(_q_0_row, x, qw, nrows, ncols, out, 32, 22, nmax=16)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q5_1(x, qw, nrows, ncols, out):
-    rb = ncols // 32 * 24
-    for r in prange(nrows):
-        _q_1_row(x[r * ncols : (r + 1) * ncols], qw, qw.size > 0, out[r * rb : (r + 1) * rb], 31)
+    quantize_rows(_q_1_row, x, qw, nrows, ncols, out, 32, 24, nmax=31)
+
+
+@njit(cache=True, error_model="numpy")
+def _q8_0_block(xb, yb):
+    amax = _ZERO
+    for j in range(32):
+        a = abs(xb[j])
+        amax = amax if amax > a else a  # MAX(amax, fabsf(v)), NaN-order as in C
+    d = amax / _f(127)
+    idd = _ONE / d if d != _ZERO else _ZERO
+    put_f16(yb, 0, d)
+    for j in range(32):
+        yb[2 + j] = np.uint8(np.int8(np.int64(roundf(xb[j] * idd))))
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_q8_0(x, qw, nrows, ncols, out):
-    rb = ncols // 32 * 34
-    for r in prange(nrows):
-        _q8_0_row(x[r * ncols : (r + 1) * ncols], out[r * rb : (r + 1) * rb])
+    quantize_blocks(_q8_0_block, x, nrows, ncols, out, 32, 34)
 
 
-_DQ_CHUNK = 256  # blocks per parallel chunk
+@njit(cache=True, error_model="numpy")
+def _dq_q4_0(b, y):
+    d = get_f16(b, 0)
+    for j in range(16):
+        q = np.int64(b[2 + j])
+        y[j] = d * _f((q & 0x0F) - 8)
+        y[j + 16] = d * _f((q >> 4) - 8)
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_q4_1(b, y):
+    d = get_f16(b, 0)
+    m = get_f16(b, 2)
+    for j in range(16):
+        q = np.int64(b[4 + j])
+        y[j] = d * _f(q & 0x0F) + m
+        y[j + 16] = d * _f(q >> 4) + m
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_q5_0(b, y):
+    d = get_f16(b, 0)
+    qh = np.int64(b[2]) | (np.int64(b[3]) << 8) | (np.int64(b[4]) << 16) | (np.int64(b[5]) << 24)
+    for j in range(16):
+        q = np.int64(b[6 + j])
+        h0 = (qh >> j) & 1
+        h1 = (qh >> (j + 16)) & 1
+        y[j] = d * _f(((q & 0x0F) | (h0 << 4)) - 16)
+        y[j + 16] = d * _f(((q >> 4) | (h1 << 4)) - 16)
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_q5_1(b, y):
+    d = get_f16(b, 0)
+    m = get_f16(b, 2)
+    qh = np.int64(b[4]) | (np.int64(b[5]) << 8) | (np.int64(b[6]) << 16) | (np.int64(b[7]) << 24)
+    for j in range(16):
+        q = np.int64(b[8 + j])
+        h0 = (qh >> j) & 1
+        h1 = (qh >> (j + 16)) & 1
+        y[j] = d * _f((q & 0x0F) | (h0 << 4)) + m
+        y[j + 16] = d * _f((q >> 4) | (h1 << 4)) + m
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_q8_0(b, y):
+    d = get_f16(b, 0)
+    for j in range(32):
+        y[j] = _f(np.int8(b[2 + j])) * d
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q4_0(raw, n, out):
-    nb = n // 32
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 18 : i * 18 + 18]
-            y = out[i * 32 : i * 32 + 32]
-            d = _get_f16(b, 0)
-            for j in range(16):
-                q = np.int64(b[2 + j])
-                y[j] = d * _f((q & 0x0F) - 8)
-                y[j + 16] = d * _f((q >> 4) - 8)
+    dequantize_blocks(_dq_q4_0, raw, n, out, 32, 18)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q4_1(raw, n, out):
-    nb = n // 32
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 20 : i * 20 + 20]
-            y = out[i * 32 : i * 32 + 32]
-            d = _get_f16(b, 0)
-            m = _get_f16(b, 2)
-            for j in range(16):
-                q = np.int64(b[4 + j])
-                y[j] = d * _f(q & 0x0F) + m
-                y[j + 16] = d * _f(q >> 4) + m
+    dequantize_blocks(_dq_q4_1, raw, n, out, 32, 20)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q5_0(raw, n, out):
-    nb = n // 32
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 22 : i * 22 + 22]
-            y = out[i * 32 : i * 32 + 32]
-            d = _get_f16(b, 0)
-            qh = np.int64(b[2]) | (np.int64(b[3]) << 8) | (np.int64(b[4]) << 16) | (np.int64(b[5]) << 24)
-            for j in range(16):
-                q = np.int64(b[6 + j])
-                h0 = (qh >> j) & 1
-                h1 = (qh >> (j + 16)) & 1
-                y[j] = d * _f(((q & 0x0F) | (h0 << 4)) - 16)
-                y[j + 16] = d * _f(((q >> 4) | (h1 << 4)) - 16)
+    dequantize_blocks(_dq_q5_0, raw, n, out, 32, 22)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q5_1(raw, n, out):
-    nb = n // 32
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 24 : i * 24 + 24]
-            y = out[i * 32 : i * 32 + 32]
-            d = _get_f16(b, 0)
-            m = _get_f16(b, 2)
-            qh = np.int64(b[4]) | (np.int64(b[5]) << 8) | (np.int64(b[6]) << 16) | (np.int64(b[7]) << 24)
-            for j in range(16):
-                q = np.int64(b[8 + j])
-                h0 = (qh >> j) & 1
-                h1 = (qh >> (j + 16)) & 1
-                y[j] = d * _f((q & 0x0F) | (h0 << 4)) + m
-                y[j + 16] = d * _f((q >> 4) | (h1 << 4)) + m
+    dequantize_blocks(_dq_q5_1, raw, n, out, 32, 24)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_q8_0(raw, n, out):
-    nb = n // 32
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 34 : i * 34 + 34]
-            y = out[i * 32 : i * 32 + 32]
-            d = _get_f16(b, 0)
-            for j in range(32):
-                y[j] = _f(np.int8(b[2 + j])) * d
+    dequantize_blocks(_dq_q8_0, raw, n, out, 32, 34)
 
 
 class Q4_0(BlockFormat, qtype=GGMLQuantizationType.Q4_0):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
 from llama_quant.formats.common import f32_from_bits
+from llama_quant.formats.drivers import dequantize_blocks, quantize_blocks
 from llama_quant.formats.ref import mxfp4 as ref
 from llama_quant.registry import BlockFormat
 
@@ -57,49 +58,51 @@ def _best_index(x, d):
     return best
 
 
+@njit(cache=True, error_model="numpy")
+def _mxfp4_block(xb, yb):
+    amax = _ZERO
+    for j in range(32):
+        if amax < abs(xb[j]):
+            amax = abs(xb[j])
+    e = np.int64(np.floor(np.log2(amax)) - _f(2.0) + _f(127.0)) & 0xFF if amax > _ZERO else 0
+    d = _e8m0_half(e)
+    yb[0] = e
+    for j in range(16):
+        yb[1 + j] = _best_index(xb[j], d) | (_best_index(xb[j + 16], d) << 4)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_mxfp4(x, qw, nrows, ncols, out):
-    nb = nrows * ncols // 32
-    for i in prange(nb):
-        xb = x[i * 32 : i * 32 + 32]
-        yb = out[i * 17 : i * 17 + 17]
-        amax = _ZERO
-        for j in range(32):
-            if amax < abs(xb[j]):
-                amax = abs(xb[j])
-        e = np.int64(np.floor(np.log2(amax)) - _f(2.0) + _f(127.0)) & 0xFF if amax > _ZERO else 0
-        d = _e8m0_half(e)
-        yb[0] = e
-        for j in range(16):
-            yb[1 + j] = _best_index(xb[j], d) | (_best_index(xb[j + 16], d) << 4)
+    quantize_blocks(_mxfp4_block, x, nrows, ncols, out, 32, 17)
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_mxfp4(b, y):
+    d = _e8m0_half(np.int64(b[0]))
+    for j in range(16):
+        q = np.int64(b[1 + j])
+        y[j] = d * _f(KVALUES_MXFP4[q & 0xF])
+        y[j + 16] = d * _f(KVALUES_MXFP4[q >> 4])
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_nvfp4(b, y):
+    for sb in range(4):
+        d = UE4M3_TO_F32_HALF[np.int64(b[sb])]
+        for j in range(8):
+            q = np.int64(b[4 + 8 * sb + j])
+            y[16 * sb + j] = d * _f(KVALUES_MXFP4[q & 0xF])
+            y[16 * sb + j + 8] = d * _f(KVALUES_MXFP4[q >> 4])
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_mxfp4(raw, n, out):
-    nb = n // 32
-    for c in prange((nb + 255) // 256):
-        for i in range(c * 256, min(nb, (c + 1) * 256)):
-            b = raw[i * 17 : i * 17 + 17]
-            d = _e8m0_half(np.int64(b[0]))
-            for j in range(16):
-                q = np.int64(b[1 + j])
-                out[i * 32 + j] = d * _f(KVALUES_MXFP4[q & 0xF])
-                out[i * 32 + j + 16] = d * _f(KVALUES_MXFP4[q >> 4])
+    dequantize_blocks(_dq_mxfp4, raw, n, out, 32, 17)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_nvfp4(raw, n, out):
-    nb = n // 64
-    for c in prange((nb + 255) // 256):
-        for i in range(c * 256, min(nb, (c + 1) * 256)):
-            b = raw[i * 36 : i * 36 + 36]
-            for sb in range(4):
-                d = UE4M3_TO_F32_HALF[np.int64(b[sb])]
-                y = out[i * 64 + 16 * sb : i * 64 + 16 * sb + 16]
-                for j in range(8):
-                    q = np.int64(b[4 + 8 * sb + j])
-                    y[j] = d * _f(KVALUES_MXFP4[q & 0xF])
-                    y[j + 8] = d * _f(KVALUES_MXFP4[q >> 4])
+    dequantize_blocks(_dq_nvfp4, raw, n, out, 64, 36)
 
 
 class MXFP4(BlockFormat, qtype=GGMLQuantizationType.MXFP4):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from llama_quant.formats.common import F16_TO_F32, f32_to_f16, lroundf
+from llama_quant.formats.common import get_f16, lroundf, put_f16
+from llama_quant.formats.drivers import dequantize_blocks, quantize_blocks
 from llama_quant.formats.ref import ternary as ref
 from llama_quant.registry import BlockFormat
 
@@ -31,9 +32,7 @@ def _absmax_scale(xb, yb, pos):
     for j in range(256):
         a = abs(xb[j])
         amax = amax if amax > a else a  # MAX(amax, fabsf(v)), NaN-order as in C
-    h = np.int64(f32_to_f16(amax))
-    yb[pos] = h & 0xFF
-    yb[pos + 1] = h >> 8
+    put_f16(yb, pos, amax)
     return _ONE / amax if amax != _ZERO else _ZERO
 
 
@@ -49,37 +48,36 @@ def _trits(xb, idd, start, stride, count, extra):
     return (q * 256 + 242) // 243
 
 
+@njit(cache=True, error_model="numpy")
+def _tq1_0_block(xb, yb):
+    idd = _absmax_scale(xb, yb, 52)
+    for m in range(32):
+        yb[m] = _trits(xb, idd, m, 32, 5, 1)
+    for m in range(16):
+        yb[32 + m] = _trits(xb, idd, 160 + m, 16, 5, 1)
+    for j in range(4):
+        yb[48 + j] = _trits(xb, idd, 240 + j, 4, 4, 3)
+
+
+@njit(cache=True, error_model="numpy")
+def _tq2_0_block(xb, yb):
+    idd = _absmax_scale(xb, yb, 64)
+    for j in range(0, 64, 32):
+        for m in range(32):
+            q = 0
+            for n in range(4):
+                q += ((lroundf(xb[4 * j + m + 32 * n] * idd) + 1) & 3) << (2 * n)
+            yb[j + m] = q
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_tq1_0(x, qw, nrows, ncols, out):
-    nb = nrows * ncols // 256
-    for i in prange(nb):
-        xb = x[i * 256 : i * 256 + 256]
-        yb = out[i * 54 : i * 54 + 54]
-        idd = _absmax_scale(xb, yb, 52)
-        for m in range(32):
-            yb[m] = _trits(xb, idd, m, 32, 5, 1)
-        for m in range(16):
-            yb[32 + m] = _trits(xb, idd, 160 + m, 16, 5, 1)
-        for j in range(4):
-            yb[48 + j] = _trits(xb, idd, 240 + j, 4, 4, 3)
+    quantize_blocks(_tq1_0_block, x, nrows, ncols, out, 256, 54)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def quantize_tq2_0(x, qw, nrows, ncols, out):
-    nb = nrows * ncols // 256
-    for i in prange(nb):
-        xb = x[i * 256 : i * 256 + 256]
-        yb = out[i * 66 : i * 66 + 66]
-        idd = _absmax_scale(xb, yb, 64)
-        for j in range(0, 64, 32):
-            for m in range(32):
-                q = 0
-                for n in range(4):
-                    q += ((lroundf(xb[4 * j + m + 32 * n] * idd) + 1) & 3) << (2 * n)
-                yb[j + m] = q
-
-
-_DQ_CHUNK = 64
+    quantize_blocks(_tq2_0_block, x, nrows, ncols, out, 256, 66)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -88,35 +86,35 @@ def _trit(byte, k):
     return (((np.int64(byte) * _POW3[k]) & 0xFF) * 3 >> 8) - 1
 
 
+@njit(cache=True, error_model="numpy")
+def _dq_tq1_0(b, y):
+    d = get_f16(b, 52)
+    for k in range(5):
+        for m in range(32):
+            y[32 * k + m] = d * _f(_trit(b[m], k))
+        for m in range(16):
+            y[160 + 16 * k + m] = d * _f(_trit(b[32 + m], k))
+    for k in range(4):
+        for m in range(4):
+            y[240 + 4 * k + m] = d * _f(_trit(b[48 + m], k))
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_tq2_0(b, y):
+    d = get_f16(b, 64)
+    for p in range(256):
+        h, r = divmod(p, 128)
+        y[p] = d * _f(((np.int64(b[32 * h + r % 32]) >> (2 * (r // 32))) & 3) - 1)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_tq1_0(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 54 : i * 54 + 54]
-            y = out[i * 256 : i * 256 + 256]
-            d = F16_TO_F32[np.int64(b[52]) | (np.int64(b[53]) << 8)]
-            for k in range(5):
-                for m in range(32):
-                    y[32 * k + m] = d * _f(_trit(b[m], k))
-                for m in range(16):
-                    y[160 + 16 * k + m] = d * _f(_trit(b[32 + m], k))
-            for k in range(4):
-                for m in range(4):
-                    y[240 + 4 * k + m] = d * _f(_trit(b[48 + m], k))
+    dequantize_blocks(_dq_tq1_0, raw, n, out, 256, 54)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def dequantize_tq2_0(raw, n, out):
-    nb = n // 256
-    for c in prange((nb + _DQ_CHUNK - 1) // _DQ_CHUNK):
-        for i in range(c * _DQ_CHUNK, min(nb, (c + 1) * _DQ_CHUNK)):
-            b = raw[i * 66 : i * 66 + 66]
-            y = out[i * 256 : i * 256 + 256]
-            d = F16_TO_F32[np.int64(b[64]) | (np.int64(b[65]) << 8)]
-            for p in range(256):
-                h, r = divmod(p, 128)
-                y[p] = d * _f(((np.int64(b[32 * h + r % 32]) >> (2 * (r // 32))) & 3) - 1)
+    dequantize_blocks(_dq_tq2_0, raw, n, out, 256, 66)
 
 
 class TQ1_0(BlockFormat, qtype=GGMLQuantizationType.TQ1_0):
