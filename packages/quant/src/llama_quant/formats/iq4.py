@@ -192,7 +192,7 @@ def quantize_iq4_xs(x, qw, nrows, ncols, out):
     quantize_rows(_iq4_xs_row, x, qw, nrows, ncols, out, 256, 136)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_iq4_nl(b, y):
     d = get_f16(b, 0)
     for j in range(16):

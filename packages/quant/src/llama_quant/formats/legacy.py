@@ -69,7 +69,7 @@ def _weights(xb, qwb, sigma2, weight):
         weight[j] = qwb[j] * np.sqrt(sigma2 + xb[j] * xb[j])
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _pack_32(yb, pos, L, five):
     # the 32 levels of a block at yb[pos:]: nibble pairs (L[j], L[j + 16]); with five, the u32 of fifth bits first
     if not five:
@@ -86,7 +86,7 @@ def _pack_32(yb, pos, L, five):
     _put_u32(yb, pos, qh)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _q_0_row(x, qw, use_qw, y, ncols, nmax):
     # Q4_0 (nmax 8) and Q5_0 (nmax 16): quantize_row_q{4,5}_0_ref / _impl
     bs = 18 if nmax == 8 else 22
@@ -110,7 +110,7 @@ def _q_0_row(x, qw, use_qw, y, ncols, nmax):
         _pack_32(yb, 2, L, nmax == 16)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _q_1_row(x, qw, use_qw, y, ncols, nmax):
     # Q4_1 (nmax 15) and Q5_1 (nmax 31): quantize_row_q{4,5}_1_ref / _impl
     bs = 20 if nmax == 15 else 24
@@ -175,7 +175,7 @@ def quantize_q5_1(x, qw, nrows, ncols, out):
     quantize_rows(_q_1_row, x, qw, nrows, ncols, out, 32, 24, nmax=31)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _q8_0_block(xb, yb):
     amax = _ZERO
     for j in range(32):
@@ -193,7 +193,7 @@ def quantize_q8_0(x, qw, nrows, ncols, out):
     quantize_blocks(_q8_0_block, x, nrows, ncols, out, 32, 34)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_q4_0(b, y):
     d = get_f16(b, 0)
     for j in range(16):
@@ -202,7 +202,7 @@ def _dq_q4_0(b, y):
         y[j + 16] = d * _f((q >> 4) - 8)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_q4_1(b, y):
     d = get_f16(b, 0)
     m = get_f16(b, 2)
@@ -212,7 +212,7 @@ def _dq_q4_1(b, y):
         y[j + 16] = d * _f(q >> 4) + m
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_q5_0(b, y):
     d = get_f16(b, 0)
     qh = np.int64(b[2]) | (np.int64(b[3]) << 8) | (np.int64(b[4]) << 16) | (np.int64(b[5]) << 24)
@@ -224,7 +224,7 @@ def _dq_q5_0(b, y):
         y[j + 16] = d * _f(((q >> 4) | (h1 << 4)) - 16)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_q5_1(b, y):
     d = get_f16(b, 0)
     m = get_f16(b, 2)
@@ -237,7 +237,7 @@ def _dq_q5_1(b, y):
         y[j + 16] = d * _f((q >> 4) | (h1 << 4)) + m
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_q8_0(b, y):
     d = get_f16(b, 0)
     for j in range(32):

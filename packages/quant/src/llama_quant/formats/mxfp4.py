@@ -58,7 +58,7 @@ def _best_index(x, d):
     return best
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _mxfp4_block(xb, yb):
     amax = _ZERO
     for j in range(32):
@@ -76,7 +76,7 @@ def quantize_mxfp4(x, qw, nrows, ncols, out):
     quantize_blocks(_mxfp4_block, x, nrows, ncols, out, 32, 17)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_mxfp4(b, y):
     d = _e8m0_half(np.int64(b[0]))
     for j in range(16):
@@ -85,7 +85,7 @@ def _dq_mxfp4(b, y):
         y[j + 16] = d * _f(KVALUES_MXFP4[q >> 4])
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def _dq_nvfp4(b, y):
     for sb in range(4):
         d = UE4M3_TO_F32_HALF[np.int64(b[sb])]
