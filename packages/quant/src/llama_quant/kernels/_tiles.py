@@ -9,9 +9,20 @@ rows, never parts of one row's sum). Rows past ``rows`` in the last tile are zer
 
 from __future__ import annotations
 
+import numba
 import numpy as np
+from numba import prange
 
-__all__ = ["N_CHUNKS", "SPREAD_TOKENS", "TILE_ROWS", "f16_field", "n_tiles", "row_minor", "tile_rows"]
+__all__ = [
+    "N_CHUNKS",
+    "SPREAD_TOKENS",
+    "TILE_ROWS",
+    "f16_field",
+    "n_tiles",
+    "row_minor",
+    "spread_tokens",
+    "tile_rows",
+]
 
 TILE_ROWS = 64  # rows per tile: 64 lanes of the innermost loop
 N_CHUNKS = 2  # prange chunks: one per core of the 2-core target
@@ -44,3 +55,15 @@ def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
 
 
 SPREAD_TOKENS = 16  # from this many tokens on, the activations are rearranged on all threads (in 16 parts)
+
+
+@numba.njit(nogil=True, inline="always")
+def spread_tokens(fill, out, xq, n, nb):  # pragma: no cover - numba
+    """``fill(out, xq, t0, t1, nb)`` over the tokens [0, n): a prompt in SPREAD_TOKENS parts on all threads, a
+    few tokens in one call (no parallel launch for a decode step). Inlined, so the ``prange`` is the calling
+    kernel's parallel loop and ``fill`` a direct call."""
+    if n >= SPREAD_TOKENS:
+        for c in prange(SPREAD_TOKENS):
+            fill(out, xq, c * n // SPREAD_TOKENS, (c + 1) * n // SPREAD_TOKENS, nb)
+    else:
+        fill(out, xq, 0, n, nb)

@@ -23,7 +23,7 @@ from numba import float32, int32, prange, types, uint64
 from numba.extending import intrinsic
 
 from ._ir import I16, IR, V8I32, V16I8, V16I16, V16I32, V32I8, V32I16, V64I8, nibbles, splat
-from ._tiles import SPREAD_TOKENS
+from ._tiles import spread_tokens
 from .kquants import _finish, _float_step, _min_sums
 
 __all__ = ["k_pair_layout", "mm_k256", "mm_k512"]
@@ -313,19 +313,16 @@ def mm_k512(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma:
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _k_words(xq, n, nsb, q6):  # pragma: no cover - numba
     """The activation words (and Q6_K's offset terms) of n tokens, on all threads for a prompt."""
-    xw = np.empty((n, nsb * 64), np.uint32)
-    bx = np.empty((n, nsb * 64 if q6 else 0), np.uint32)
-    if n >= SPREAD_TOKENS:  # a prompt: in parts on all threads (a token: no parallel launch)
-        for c in prange(SPREAD_TOKENS):
-            _k_activation_words(xw, bx, xq, c * n // SPREAD_TOKENS, (c + 1) * n // SPREAD_TOKENS, nsb, q6)
-    else:
-        _k_activation_words(xw, bx, xq, 0, n, nsb, q6)
-    return xw, bx
+    words = (np.empty((n, nsb * 64), np.uint32), np.empty((n, nsb * 64 if q6 else 0), np.uint32))
+    spread_tokens(_k_activation_words, words, xq, n, nsb)
+    return words
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _k_activation_words(xw, bx, xq, t0, t1, nsb, q6):  # pragma: no cover - numba
-    if q6:
+def _k_activation_words(words, xq, t0, t1, nsb):  # pragma: no cover - numba
+    """Q4_K's or Q5_K's words into words[0]; Q6_K's, and its offset terms into words[1] (empty otherwise)."""
+    xw, bx = words
+    if bx.shape[1]:
         _activation_words_q6k(xw, bx, xq, t0, t1, nsb)
     else:
         _activation_words_q4k(xw, xq, t0, t1, nsb)

@@ -28,7 +28,7 @@ from numba import float32, int32, prange, types
 from numba.extending import intrinsic
 
 from ._ir import I32, IR, V8I32, V16I8, V16I16, V16I32, V32I8, V32I32, nibbles, widen_f16
-from ._tiles import SPREAD_TOKENS
+from ._tiles import spread_tokens
 
 __all__ = ["mm_q4", "mm_q5", "mm_q8", "q4_pair_layout", "q5_pair_layout", "q8_pair_layout"]
 
@@ -132,11 +132,7 @@ def _activation_pairs(xp, xq, t0, t1, nb):  # pragma: no cover - numba
 def _pair_words(xq, n, nb):  # pragma: no cover - numba
     """``_activation_pairs`` of n tokens, on all threads for a prompt."""
     xp = np.empty((n, nb * 16), np.uint16)
-    if n >= SPREAD_TOKENS:
-        for c in prange(SPREAD_TOKENS):
-            _activation_pairs(xp, xq, c * n // SPREAD_TOKENS, (c + 1) * n // SPREAD_TOKENS, nb)
-    else:
-        _activation_pairs(xp, xq, 0, n, nb)
+    spread_tokens(_activation_pairs, xp, xq, n, nb)
     return xp
 
 
@@ -300,11 +296,7 @@ def _activation_words_q8(xw, xq, t0, t1, nb):  # pragma: no cover - numba
 def _q8_words(xq, n, nb):  # pragma: no cover - numba
     """``_activation_words_q8`` of n tokens, on all threads for a prompt."""
     xw = np.empty((n, nb * 16), np.uint32)
-    if n >= SPREAD_TOKENS:
-        for c in prange(SPREAD_TOKENS):
-            _activation_words_q8(xw, xq, c * n // SPREAD_TOKENS, (c + 1) * n // SPREAD_TOKENS, nb)
-    else:
-        _activation_words_q8(xw, xq, 0, n, nb)
+    spread_tokens(_activation_words_q8, xw, xq, n, nb)
     return xw
 
 

@@ -26,7 +26,7 @@ from numba import int32, prange, types
 from numba.extending import intrinsic
 
 from ._ir import IR, V16I16, V16I32, V32I8, V32I16, widen_f16
-from ._tiles import SPREAD_TOKENS
+from ._tiles import spread_tokens
 from .pairs import _finish_block, _pair_vectors, _store_tile
 
 __all__ = ["QUAD_TOKENS", "mm_q4", "mm_q5", "mm_q8", "q8_quad_layout"]
@@ -151,11 +151,7 @@ def _activation_quads(xw, xq, t0, t1, nb):  # pragma: no cover - numba
 def _quad_words(xq, n, nb):  # pragma: no cover - numba
     """``_activation_quads`` of n tokens, on all threads for a prompt."""
     xw = np.empty((n, nb * 8), np.uint32)
-    if n >= SPREAD_TOKENS:
-        for c in prange(SPREAD_TOKENS):
-            _activation_quads(xw, xq, c * n // SPREAD_TOKENS, (c + 1) * n // SPREAD_TOKENS, nb)
-    else:
-        _activation_quads(xw, xq, 0, n, nb)
+    spread_tokens(_activation_quads, xw, xq, n, nb)
     return xw
 
 
