@@ -19,6 +19,7 @@ our server and the engine are measured).
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -97,10 +98,11 @@ def _http_round(clients: list[httpx.Client], n: int, n_predict: int) -> tuple[fl
 
 
 def _measure_server(
-    cmd: list[str], levels: list[int], args: argparse.Namespace, out: dict[int, Level]
+    side: str, cmd: list[str], levels: list[int], args: argparse.Namespace, out: dict[int, Level]
 ) -> None:
+    print(f"... {side}: starting", file=sys.stderr)
     with serve(cmd) as server:
-        server.wait_health()
+        print(f"... ready in {server.wait_health():.1f} s; measuring", file=sys.stderr)
         # one keep-alive client per stream, made before any timing: an httpx.Client loads the TLS
         # certificates (about 50 ms of CPU), a client-side cost that says nothing about the server
         clients = [httpx.Client(base_url=server.base, timeout=600) for _ in range(max(levels))]
@@ -212,9 +214,12 @@ def main() -> None:
     ours = {n: Level() for n in levels}
     theirs = {n: Level() for n in levels} if binary else None
     for _ in range(args.rounds):
-        _measure_server(ours_command(model, free_port(), *flags), levels, args, ours)
+        _measure_server("ours", ours_command(model, free_port(), *flags), levels, args, ours)
         if binary and theirs is not None:
-            _measure_server(llama_cpp_command(binary, model, free_port(), *flags), levels, args, theirs)
+            _measure_server(
+                "llama.cpp", llama_cpp_command(binary, model, free_port(), *flags), levels, args, theirs
+            )
+    print("... the engine, in this process", file=sys.stderr)
     engine = _measure_engine(model, levels, args)  # last: its numba threads stay in this process
     _print_table(levels, ours, theirs, engine)
 

@@ -12,6 +12,7 @@ llama.cpp's are the best of ``--repeats``.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -67,6 +68,7 @@ def main() -> None:
     print(f"|{'-' * 42}|{'-' * 11}|{'-' * 18}|")
     with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
         env = {"NUMBA_CACHE_DIR": cache}
+        print(f"... our first start compiles its kernels into {cache}", file=sys.stderr)
         _row("llama-server (ours), empty numba cache", _start(ours_command(model, free_port(), *FLAGS), env))
         n_files = sum(1 for p in Path(cache).rglob("*") if p.is_file())
         _row(
