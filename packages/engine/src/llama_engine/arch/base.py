@@ -424,8 +424,6 @@ class DecoderModel:
             c.rope_dims,
             self.rope_mode,
             *self._scales,
-            kc.dtype == np.uint16,
-            vc.dtype == np.uint16,
             self._tile_cols,
         )
         lw.wo.matmul(_fresh(ws.attn, n), out=rows.o)

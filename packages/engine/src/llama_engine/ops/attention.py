@@ -9,6 +9,11 @@ with f16 K and V: q rounded to f16 for the KQ dots, the probabilities rounded to
 ``attend`` is the step a layer runs after its q/k/v product, in one call (biases, per-head norms, RoPE, the
 cache stores, attention). The many-lane (prompt) products use register tiles ``tiles_for(kernels)`` columns
 wide; every width gives the same numbers.
+
+Compile cost: the cache type is part of a kernel's signature (an f16 cache is passed as its uint16 view), and
+every f16-or-f32 choice is made from it when the kernel is compiled (``_intrinsics.to_cache``,
+``products.product_zeros``), so a model compiles only its own cache type's code. The parallel loop's body is
+one call (``_attention_job``), and each product is its own compiled function (``products``).
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ from numba import prange, uint64
 
 from llama_quant.cpu import KernelSet, resolve_kernel_set
 
-from ._intrinsics import round_f16, store_rows
+from ._intrinsics import as_cache, store_rows
 from .expf import expf_in_range, expf_main, expf_sse2
 from .norm import rms_norm_row
-from .products import CELL_CHUNK, few_scratch, kq_few, kq_many, kqv_few, kqv_many, round_up
+from .products import kq_few, kq_many, kqv_few, kqv_many
 from .rope import rope_cols
-from .tiles import TILE_COLS, TILE_LANES
+from .tiles import TILE_COLS
 
 __all__ = ["TILE_WIDTHS", "attend", "attention", "tiles_for"]
 
@@ -54,29 +59,13 @@ def attention(
     """Attention (the module doc) of q [n, n_head * head_dim] over k, v [n_cells, n_head_kv * head_dim]
     (float16 or float32) into out [n, n_head * head_dim]; ``tile_cols`` (4 or 8) defaults to the host's
     kernel set's."""
-    k16, v16 = k.dtype == np.float16, v.dtype == np.float16
     cols = tiles_for(resolve_kernel_set(None)) if tile_cols is None else tile_cols
     if cols not in TILE_WIDTHS:
         raise ValueError(f"tile_cols must be one of {TILE_WIDTHS}, got {cols}")
+    kc, vc = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (k, v))
     qq = np.empty_like(q)
-    _ready_q(qq, q, 0, n, q.shape[1], np.float32(1.0), k16)
-    _attend_ready(
-        out,
-        qq,
-        k.view(np.uint16) if k16 else k,
-        v.view(np.uint16) if v16 else v,
-        cells,
-        lo,
-        hi,
-        n,
-        n_head,
-        n_head_kv,
-        head_dim,
-        np.float32(scale),
-        k16,
-        v16,
-        cols,
-    )
+    _ready_q(qq, q, 0, n, q.shape[1], np.float32(1.0), kc)
+    _attend_ready(out, qq, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, np.float32(scale), cols)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -106,15 +95,13 @@ def attend(  # type: ignore[no-untyped-def]
     mode,
     q_scale,
     kq_scale,
-    k16,
-    v16,
     cols,
 ):
     """A layer's attention from its fused product qkv [n, (n_head + 2 * n_head_kv) * head_dim] (q | k | v),
     in the graph's order: the biases bq, bk, bv, the per-head norms q_norm, k_norm (each skipped when
     empty), RoPE on q and k, q times ``q_scale`` into the scratch q [n, n_head * head_dim] (rounded to f16
-    for an f16 K cache), k and v stored in the cache layer at ``new_cells`` (``k16`` / ``v16``: kc / vc are
-    an f16 cache's uint16 view), then ``attention`` with ``kq_scale`` into out. qkv is overwritten."""
+    for an f16 K cache), k and v stored in the cache layer at ``new_cells`` (kc / vc: float32, or an f16
+    cache's uint16 view), then ``attention`` with ``kq_scale`` into out. qkv is overwritten."""
     nq, nk = n_head * head_dim, n_head_kv * head_dim
     _add_bias(qkv, bq, 0, n)
     _add_bias(qkv, bk, nq, n)
@@ -123,10 +110,10 @@ def attend(  # type: ignore[no-untyped-def]
     _head_norms(qkv, k_norm, nq, n, n_head_kv, head_dim, eps)
     rope_cols(qkv, 0, pos, table, n, n_head, head_dim, rope_dims, mode)
     rope_cols(qkv, nq, pos, table, n, n_head_kv, head_dim, rope_dims, mode)
-    _ready_q(q, qkv, 0, n, nq, q_scale, k16)
-    store_rows(kc, new_cells, qkv, nq, nk, k16)
-    store_rows(vc, new_cells, qkv, nq + nk, nk, v16)
-    _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, k16, v16, cols)
+    _ready_q(q, qkv, 0, n, nq, q_scale, kc)
+    store_rows(kc, new_cells, qkv, nq, nk)
+    store_rows(vc, new_cells, qkv, nq + nk, nk)
+    _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -148,40 +135,44 @@ def _head_norms(x, w, c0, n, n_head, head_dim, eps):  # type: ignore[no-untyped-
 
 
 @numba.njit(cache=True, nogil=True)
-def _ready_q(q, src, c0, n, nq, q_scale, k16):  # type: ignore[no-untyped-def]
-    """q[t, i] = src[t, c0 + i] * q_scale (unless it is 1), rounded to f16 when the K cache is f16 (ggml
+def _ready_q(q, src, c0, n, nq, q_scale, kc):  # type: ignore[no-untyped-def]
+    """q[t, i] = src[t, c0 + i] * q_scale (unless it is 1), rounded to f16 when the K cache kc is f16 (ggml
     converts mul_mat(k, q)'s q to k's vec_dot type)."""
     for t in range(n):
         for i in range(nq):
             x = src[t, c0 + i]
             if q_scale != np.float32(1.0):
                 x = x * q_scale
-            q[t, i] = round_f16(x) if k16 else x  # type: ignore[call-arg]
+            q[t, i] = as_cache(x, kc)
 
 
-@numba.njit(cache=True, nogil=True)
-def _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, k16, v16, cols):  # type: ignore[no-untyped-def]
-    """``attention`` on a q already rounded for the cache type; v16: ggml_mul_mat(v f16, kq) converts the
-    probabilities to f16."""
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols):  # type: ignore[no-untyped-def]
+    """``attention`` on a q already rounded for the cache type (with an f16 V cache, ggml_mul_mat(v f16, kq)
+    converts the probabilities to f16), per KV head and token block (``_attention_job``), the jobs in
+    parallel. The loop body is one call, so the parallel lowering works on a small body; and every level
+    of calls re-optimizes the code below it when numba links it, so there are few levels."""
     starts = _token_blocks(lo, hi, n)
-    _attention_blocked(
-        out,
-        q,
-        kc,
-        vc,
-        cells,
-        lo,
-        hi,
-        starts,
-        len(starts) - 1,
-        n_head,
-        n_head_kv,
-        head_dim,
-        kq_scale,
-        k16,
-        v16,
-        cols,
-    )
+    n_blocks = len(starts) - 1
+    for job in prange(n_head_kv * n_blocks):
+        # the job as int64: the parallel lowering counts in uint64, which would compile the job twice
+        _attention_job(
+            np.int64(job),
+            out,
+            q,
+            kc,
+            vc,
+            cells,
+            lo,
+            hi,
+            starts,
+            n_blocks,
+            n_head,
+            n_head_kv,
+            head_dim,
+            kq_scale,
+            cols,
+        )
 
 
 _MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vector dimension
@@ -228,103 +219,57 @@ def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
     return np.float32(1.0 / total)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _attention_blocked(
-    out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, k16, p16, cols
-):  # type: ignore[no-untyped-def]
-    """Attention (see `attention`) per KV head and token block, with
-    the block's query heads as lanes: every dot product and output element sums over the dimension, then
-    the cells, in ggml's order. Many lanes (a prompt) are the vector lanes, so each K and V row is read once
-    for all of them; few lanes (decoding) run one at a time over a transposed K block, vectorized over the
-    cells for K.Q and over the dimension for V."""
+@numba.njit(cache=True, nogil=True)
+def _attention_job(job, out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, cols):  # type: ignore[no-untyped-def]
+    """One KV head and token block, with the block's query heads as lanes: every dot product and output
+    element sums over the dimension, then the cells, in ggml's order. Many lanes (a prompt) are the vector
+    lanes, so each K and V row is read once for all of them; few lanes (decoding) run one at a time over a
+    transposed K block, vectorized over the cells for K.Q and over the dimension for V."""
     group = n_head // n_head_kv
-    for job in prange(n_head_kv * n_blocks):
-        kh = job % n_head_kv
-        # blocks alternate from both ends: a prompt's later blocks attend to more cells, and prange hands
-        # each thread a contiguous run of jobs, so in order the last thread would get the most work
-        half = job // n_head_kv
-        blk = half // 2 if half % 2 == 0 else n_blocks - 1 - half // 2
-        t0 = starts[blk]
-        nt = starts[blk + 1] - t0
-        lanes = nt * group
-        jlo = lo[t0]
-        jhi = hi[t0]
-        for i in range(nt):
-            jlo = min(jlo, lo[t0 + i])
-            jhi = max(jhi, hi[t0 + i])
-        span = max(jhi - jlo, 0)
-        ko = kh * head_dim
-        # lane = i * group + g: token t0 + i, query head kh * group + g
-        qt = np.empty((head_dim, lanes), np.float32)
-        for i in range(nt):
-            for g in range(group):
-                qo = (kh * group + g) * head_dim
-                for d in range(head_dim):
-                    qt[d, i * group + g] = q[t0 + i, qo + d]
-        w = np.empty((lanes, span), np.float32)
-        tiled = lanes >= _MANY_LANES and head_dim % cols == 0
-        nl = (lanes + TILE_LANES - 1) // TILE_LANES * TILE_LANES
-        if tiled and k16:  # f16 q and k: products exact in double
-            qa, kb = np.zeros((head_dim, nl), np.float64), np.zeros((CELL_CHUNK, head_dim), np.float64)
-            kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa, kb, cols)
-        elif tiled:  # f32: each product rounded to float, then summed in double
-            qa32, kb32 = np.zeros((head_dim, nl), np.float32), np.zeros((CELL_CHUNK, head_dim), np.float32)
-            kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qa32, kb32, cols)
-        elif k16:  # few lanes: the cells are the register tile's lanes
-            qc, kt = few_scratch(head_dim, lanes, np.float64)
-            kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qc, kt)
-        else:
-            qc32, kt32 = few_scratch(head_dim, lanes, np.float32)
-            kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, qc32, kt32)
-        inv = np.empty(lanes, np.float32)
-        for a in range(lanes):
-            t = t0 + a // group
-            o = lo[t] - jlo
-            length = hi[t] - lo[t]
-            mx = np.float32(-np.inf)
-            for j in range(o, o + length):
-                if w[a, j] > mx:
-                    mx = w[a, j]
-            inv[a] = _softmax_sse2(w[a], o, length, mx)
-        kqv = np.zeros(
-            (lanes, head_dim) if tiled else (round_up(lanes, TILE_COLS), round_up(head_dim, TILE_LANES)),
-            np.float64,
-        )
-        if tiled and p16:
-            pm, vb = np.zeros((span, nl), np.float64), np.zeros((CELL_CHUNK, head_dim), np.float64)
-            kqv_many(
-                kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pm, vb, cols
-            )
-        elif tiled:
-            pm32, vb32 = np.zeros((span, nl), np.float32), np.zeros((CELL_CHUNK, head_dim), np.float32)
-            kqv_many(
-                kqv,
-                w,
-                inv,
-                v,
-                cells,
-                lo,
-                hi,
-                jlo,
-                span,
-                t0,
-                group,
-                ko,
-                head_dim,
-                lanes,
-                p16,
-                pm32,
-                vb32,
-                cols,
-            )
-        elif p16:  # few lanes: the dimensions are the register tile's lanes
-            pc, vc = few_scratch(head_dim, lanes, np.float64, CELL_CHUNK)
-            kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pc, vc)
-        else:
-            pc32, vc32 = few_scratch(head_dim, lanes, np.float32, CELL_CHUNK)
-            kqv_few(kqv, w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, p16, pc32, vc32)
-        for i in range(nt):
-            for g in range(group):
-                qo = (kh * group + g) * head_dim
-                for d in range(head_dim):
-                    out[t0 + i, qo + d] = np.float32(kqv[i * group + g, d])
+    kh = job % n_head_kv
+    # blocks alternate from both ends: a prompt's later blocks attend to more cells, and prange hands
+    # each thread a contiguous run of jobs, so in order the last thread would get the most work
+    half = job // n_head_kv
+    blk = half // 2 if half % 2 == 0 else n_blocks - 1 - half // 2
+    t0 = starts[blk]
+    nt = starts[blk + 1] - t0
+    lanes = nt * group
+    jlo = lo[t0]
+    jhi = hi[t0]
+    for i in range(nt):
+        jlo = min(jlo, lo[t0 + i])
+        jhi = max(jhi, hi[t0 + i])
+    span = max(jhi - jlo, 0)
+    ko = kh * head_dim
+    # lane = i * group + g: token t0 + i, query head kh * group + g
+    qt = np.empty((head_dim, lanes), np.float32)
+    for i in range(nt):
+        for g in range(group):
+            qo = (kh * group + g) * head_dim
+            for d in range(head_dim):
+                qt[d, i * group + g] = q[t0 + i, qo + d]
+    w = np.empty((lanes, span), np.float32)
+    tiled = lanes >= _MANY_LANES and head_dim % cols == 0
+    if tiled:
+        kq_many(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc, cols)
+    else:  # few lanes: the cells are the register tile's lanes
+        kq_few(w, qt, k, cells, jlo, span, ko, head_dim, lanes, sc)
+    inv = np.empty(lanes, np.float32)
+    for a in range(lanes):
+        t = t0 + a // group
+        o = lo[t] - jlo
+        length = hi[t] - lo[t]
+        mx = np.float32(-np.inf)
+        for j in range(o, o + length):
+            if w[a, j] > mx:
+                mx = w[a, j]
+        inv[a] = _softmax_sse2(w[a], o, length, mx)
+    if tiled:
+        kqv = kqv_many(w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, cols)
+    else:  # few lanes: the dimensions are the register tile's lanes
+        kqv = kqv_few(w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes)
+    for i in range(nt):
+        for g in range(group):
+            qo = (kh * group + g) * head_dim
+            for d in range(head_dim):
+                out[t0 + i, qo + d] = np.float32(kqv[i * group + g, d])
