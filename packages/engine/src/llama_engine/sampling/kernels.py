@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from .rng import canonical_double, canonical_float, discrete_sample
-from .sorting import gather_front, sort_prefix, top_positions
+from .sorting import argsort_asc, gather_front, sort_prefix, top_positions
 
 __all__ = [
     "dist",
@@ -155,7 +155,7 @@ def typical(ids, logits, probs, n, is_sorted, p, min_keep):
     shifted = np.empty(n, dtype=np.float32)
     for i in range(n):
         shifted[i] = abs(-np.float32(math.log(probs[i])) - entropy)
-    indices = np.argsort(shifted, kind="mergesort")
+    indices = argsort_asc(shifted, n)
     cum_sum = _F0
     last_idx = n
     for i in range(n):
@@ -163,13 +163,7 @@ def typical(ids, logits, probs, n, is_sorted, p, min_keep):
         if cum_sum > p and (min_keep == 0 or i >= min_keep - 1):
             last_idx = i + 1
             break
-    sel = indices[:last_idx]
-    t_ids = ids[:n][sel]
-    t_logits = logits[:n][sel]
-    t_probs = probs[:n][sel]
-    ids[:last_idx] = t_ids
-    logits[:last_idx] = t_logits
-    probs[:last_idx] = t_probs
+    gather_front(ids, logits, probs, n, indices, last_idx)
     return last_idx
 
 
@@ -241,9 +235,10 @@ def xtc(state, ids, logits, probs, n, is_sorted, probability, threshold, min_kee
             break
     if n - pos_last >= min_keep and pos_last > 0:
         m = n - pos_last
-        ids[:m] = ids[pos_last:n].copy()
-        logits[:m] = logits[pos_last:n].copy()
-        probs[:m] = probs[pos_last:n].copy()
+        for i in range(m):  # forward: each source lies past every slot written before it
+            ids[i] = ids[pos_last + i]
+            logits[i] = logits[pos_last + i]
+            probs[i] = probs[pos_last + i]
         n = m
     return n, is_sorted
 
