@@ -163,31 +163,38 @@ def _measure_engine(model: str, levels: list[int], args: argparse.Namespace) -> 
     return out
 
 
-def _ms(values: list[float], q: float) -> str:
-    return f"{percentile(values, q) * 1e3:7.0f}"
+def _ttft(level: Level) -> str:
+    """p50 / p95 of the level's times to first token, in ms."""
+    return f"{percentile(level.ttft, 50) * 1e3:.0f} / {percentile(level.ttft, 95) * 1e3:.0f}"
 
 
 def _print_table(levels: list[int], ours: dict, theirs: dict | None, engine: dict) -> None:
-    print(
-        "| streams | ours tok/s | llama.cpp tok/s | ratio | ours TTFT p50/p95 ms | llama.cpp TTFT p50/p95 ms "
-        "| engine tok/s | server/engine |"
-    )
-    print(
-        "|--------:|-----------:|----------------:|------:|---------------------:|--------------------------:"
-        "|-------------:|--------------:|"
-    )
+    cols = [
+        "streams",
+        "ours tok/s",
+        "llama.cpp tok/s",
+        "ratio",
+        "ours TTFT p50/p95 ms",
+        "llama.cpp TTFT p50/p95 ms",
+        "engine tok/s",
+        "server/engine",
+    ]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("-" * (len(c) + 1) + ":" for c in cols) + "|")
     for n in levels:
         a, e = ours[n], engine[n]
-        if theirs:
-            b = theirs[n]
-            them = f"{b.tps:15.1f} | {a.tps / b.tps:4.2f}x | "
-            them_ttft = f"{_ms(b.ttft, 50)} / {_ms(b.ttft, 95)}      "
-        else:
-            them, them_ttft = f"{'-':>15} | {'-':>5} | ", f"{'-':>25}"
-        print(
-            f"| {n:7} | {a.tps:10.1f} | {them}{_ms(a.ttft, 50)} / {_ms(a.ttft, 95)} | {them_ttft} "
-            f"| {e.tps:12.1f} | {a.tps / e.tps:12.2f}x |"
-        )
+        b = theirs[n] if theirs else None
+        row = [
+            str(n),
+            f"{a.tps:.1f}",
+            f"{b.tps:.1f}" if b else "-",
+            f"{a.tps / b.tps:.2f}x" if b else "-",
+            _ttft(a),
+            _ttft(b) if b else "-",
+            f"{e.tps:.1f}",
+            f"{a.tps / e.tps:.2f}x",
+        ]
+        print("| " + " | ".join(v.rjust(len(c)) for v, c in zip(row, cols, strict=True)) + " |")
 
 
 def main() -> None:
