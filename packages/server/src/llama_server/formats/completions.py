@@ -51,7 +51,8 @@ class CompletionsFormatter(Formatter):
         self, tok: Tokenizer, *, id: str, created: int, model: str, n_probs: int, post: bool
     ) -> None:
         super().__init__(tok, n_probs, post)
-        self.head = TextCompletion([], created, model, BUILD_INFO, "text_completion", id=id)  # what every chunk shares
+        # what every chunk shares
+        self.head = TextCompletion([], created, model, BUILD_INFO, "text_completion", id=id)
 
     def token(self, index: int, ev: TokenEvent) -> list[TextCompletion]:
         probs = self.probs(ev)
