@@ -132,14 +132,15 @@ def top_positions(logits, n, k):
                     j = c
                 hv[j] = v
                 hi[j] = pos
-    return _best_first(hv, hi, m)
+    return _best_first(hv[:m], hi[:m])
 
 
 @njit(cache=True, nogil=True)
-def _best_first(hv, hi, m):
-    """The positions hi[:m] ordered by their logits hv[:m], largest first, NaNs last, equal logits (-0.0
+def _best_first(hv, hi):
+    """The positions hi ordered by their logits hv, largest first, NaNs last, equal logits (-0.0
     and 0.0 too) by position: what a stable sort by position and then a stable sort of -hv give. Each
     (logit key, position) pair is distinct, so one sort of the packed pairs gives that order."""
+    m = len(hv)
     keys = _asc_keys(hv, m)
     pairs = np.empty(m, dtype=np.uint64)
     for i in range(m):
