@@ -182,8 +182,10 @@ def _cases(server: Server) -> list[tuple[str, Callable[[], tuple[int | str, str]
     ]
 
 
-def _worst(values: list[tuple[float, float]], t0: float, t1: float) -> float:
-    return max((v for t, v in values if t0 <= t <= t1), default=0.0)
+def _worst(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """The longest (end time, duration) span that overlaps [t0, t1]: a stall that began during a fault counts
+    towards it even when it ends after."""
+    return max((d for end, d in spans if end > t0 and end - d < t1), default=0.0)
 
 
 def _sigterm(server: Server) -> Fault:
@@ -208,7 +210,7 @@ def _report(faults: list[Fault], seen: dict, sigterm: Fault) -> None:
     runs = [run for per_stream in seen["streams"] for run in per_stream]
     gaps = [(t, g) for run in runs for t, g in run["gaps"]]
     tokens = [t for t, _ in gaps]
-    health = [(t, took) for t, took, status in seen["health"] if status]
+    health = [(t + took, took) for t, took, status in seen["health"] if status]
     print(
         f"| {'fault':<40} | {'status':>8} | {'s':>6} | {'worst gap ms':>12} | {'worst /health ms':>16} "
         f"| {'live tok/s':>10} | note"
