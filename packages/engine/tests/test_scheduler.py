@@ -206,3 +206,40 @@ def test_out_of_cells_fails_the_newest_request(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="KV cache is full"):
         eh.result()
     assert h.final is not None and h.final.reason == StopReason.LENGTH and len(_tokens(h)) == 20
+
+
+def test_embedding_rows_come_last_and_get_no_logits(engine: Engine) -> None:
+    sched = engine.scheduler
+    emb_seq = sched.embd_seq
+    stream, prompt, embd_prompt = [256, 5, 6, 7], [256, 40, 41, 42, 43], [256, *range(90, 97)]
+    want_stream = _alone(engine, stream, 4)
+    want_embd = _reference_embedding(engine, embd_prompt, Pooling.MEAN)
+    h0 = RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=stream, max_tokens=4, sampling=GREEDY, cache_prompt=False), h0)
+    )
+    sched.admit()
+    first = sched.schedule()
+    assert first is not None
+    _run(engine, first)
+    # a prompt, then an embedding job: both fit the budget with the decode token
+    h1 = RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=prompt, max_tokens=1, sampling=GREEDY, cache_prompt=False), h1)
+    )
+    eh = EmbeddingHandle()
+    sched.add(Embed(EmbeddingRequest(prompt=embd_prompt, pooling=Pooling.MEAN), eh))
+    sched.admit()
+    step = sched.schedule()
+    assert step is not None and len(step.seqs) == 3 and step.seqs[2] == emb_seq  # decode, prompt, embedding
+    assert _plan(step, step.seqs) == (1, 5, 8) and step.n_scheduled <= BUDGET
+    # the embedding's 8 rows are last: logits only for the decode row and the prompt's last row
+    assert step.batch.n_logits == 2 and step.out_offset[emb_seq] == 2
+    logits, hidden = engine.model.forward(step.batch, engine.kv)
+    assert logits.shape == (2, engine.model.config.n_vocab) and hidden.shape[0] == 10
+    sched.postprocess(step, logits, hidden)
+    while (step := sched.schedule()) is not None:
+        _run(engine, step)
+    assert np.array_equal(eh.result(), want_embd)
+    assert _tokens(h0) == want_stream
+    assert h1.final is not None and h1.final.reason == StopReason.LENGTH

@@ -11,16 +11,19 @@ __all__ = ["Batch"]
 
 @dataclass(slots=True)
 class Batch:
-    """n tokens; token t belongs to sequence seq[t] at position pos[t]; output[t] asks for its logits.
+    """n tokens; token t belongs to sequence seq[t] at position pos[t]; output[t] asks for its output row
+    (final hidden state and logits).
 
     Tokens of one sequence appear in increasing position order. Prompt chunks and single decode tokens of
-    different sequences mix freely.
+    different sequences mix freely. Only the first `n_logits` output rows get logits (-1: all of them):
+    embedding rows, placed last, need the hidden states alone.
     """
 
     tokens: np.ndarray  # int32 [n]
     pos: np.ndarray  # int32 [n]
     seq: np.ndarray  # int32 [n]
     output: np.ndarray  # bool [n]
+    n_logits: int = -1
 
     @property
     def n(self) -> int:

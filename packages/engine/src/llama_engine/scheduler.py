@@ -250,13 +250,17 @@ class Scheduler:
         if self.embeddings:
             prefill.append(self.embeddings[0])
         prefill.sort(key=lambda w: w.arrival)
+        embedding = 0  # tokens of the embedding chunk: budgeted in arrival order, placed last
         for w in prefill:
             if b.room == 0:
                 break
             if isinstance(w, Slot):
                 self._schedule_prompt(w)
             else:
-                self._schedule_embedding(w)
+                embedding = min(w.n_left, b.room)
+                b.reserve(embedding)
+        if embedding:
+            self._schedule_embedding(self.embeddings[0], embedding)
         return b.finish()
 
     def _drop_cancelled(self) -> None:
@@ -284,17 +288,19 @@ class Scheduler:
             s.id, s.prompt[start : start + n], start, n - 1 if last else 0, n if last else 0
         )
 
-    def _schedule_embedding(self, job: EmbeddingJob) -> None:
-        n = min(job.n_left, self._builder.room)
+    def _schedule_embedding(self, job: EmbeddingJob, n: int) -> None:
+        """The job's next n tokens (reserved), last in the batch: its rows need no logits."""
         lo, hi = job.out_range(n)
-        self._builder.add_chunk(self.embd_seq, job.prompt[job.n_done : job.n_done + n], job.n_done, lo, hi)
+        chunk = job.prompt[job.n_done : job.n_done + n]
+        self._builder.add_chunk(self.embd_seq, chunk, job.n_done, lo, hi, logits=False, reserved=True)
 
     # -- one step: postprocess ---------------------------------------------------------------------------
 
     def postprocess(self, step: Step, logits: np.ndarray, hidden: np.ndarray) -> None:
         """The step ran: record what the cache holds, sample each output row, pool finished embeddings.
 
-        logits: [n_out, n_vocab], hidden: [n_out, n_embd], the step's output rows in batch order."""
+        logits: [batch.n_logits, n_vocab] (the generation rows; embedding rows come last and have none),
+        hidden: [n_out, n_embd], the step's output rows in batch order."""
         now = time.perf_counter()
         for q in step.seqs:
             n, o = step.n_tokens[q], step.out_offset[q]

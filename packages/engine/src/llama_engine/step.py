@@ -59,11 +59,18 @@ class StepBuilder:
         self.step = Step([], z[:], z[:], z[:], z[:], [_NO_DRAFTS] * n_seq, Batch.single([0]))
         self._n = 0
         self._n_out = 0
+        self._n_logits = -1  # output rows with logits, once a chunk without them was placed
+        self._reserved = 0
 
     @property
     def room(self) -> int:
         """Tokens still free under the budget."""
-        return self.n_batch - self._n
+        return self.n_batch - self._n - self._reserved
+
+    def reserve(self, n: int) -> None:
+        """Hold n tokens of the budget for a chunk placed later (`add_chunk(..., reserved=True)`)."""
+        assert n <= self.room, "the scheduler overran its budget"
+        self._reserved += n
 
     def begin(self) -> None:
         """Forget the previous step."""
@@ -72,7 +79,8 @@ class StepBuilder:
             st.n_tokens[q] = st.n_out[q] = 0
             st.drafts[q] = _NO_DRAFTS
         st.seqs.clear()
-        self._n = self._n_out = 0
+        self._n = self._n_out = self._reserved = 0
+        self._n_logits = -1
 
     def add_decode(self, seq: int, token: int, drafts: list[int], pos: int) -> None:
         """A generating sequence's next token at `pos`, then its drafts; logits for all of them."""
@@ -83,9 +91,25 @@ class StepBuilder:
             self.step.drafts[seq] = drafts
         self._place(seq, pos, 1 + k, 0, 1 + k)
 
-    def add_chunk(self, seq: int, tokens: np.ndarray, pos: int, out_lo: int, out_hi: int) -> None:
-        """Consecutive tokens of one sequence from `pos`; chunk tokens out_lo..out_hi-1 get output rows."""
+    def add_chunk(
+        self,
+        seq: int,
+        tokens: np.ndarray,
+        pos: int,
+        out_lo: int,
+        out_hi: int,
+        logits: bool = True,
+        reserved: bool = False,
+    ) -> None:
+        """Consecutive tokens of one sequence from `pos`; chunk tokens out_lo..out_hi-1 get output rows,
+        with logits unless `logits` is False (embedding chunks: hidden states only; such chunks come last,
+        so the rows with logits are the first `batch.n_logits`). `reserved`: its tokens were reserved."""
         o = self._n
+        if reserved:
+            self._reserved -= len(tokens)
+        if not logits and self._n_logits < 0:
+            self._n_logits = self._n_out
+        assert logits is False or self._n_logits < 0, "rows with logits come before those without"
         self._tokens[o : o + len(tokens)] = tokens
         self._place(seq, pos, len(tokens), out_lo, out_hi)
 
@@ -108,6 +132,7 @@ class StepBuilder:
             return None
         n, b = self._n, self.step.batch
         b.tokens, b.pos, b.seq, b.output = self._tokens[:n], self._pos[:n], self._seq[:n], self._output[:n]
+        b.n_logits = self._n_logits
         return self.step
 
 

@@ -342,8 +342,9 @@ class DecoderModel:
         return out
 
     def forward(self, batch: Batch, kv: KVCache) -> tuple[np.ndarray, np.ndarray]:
-        """Run the batch; returns (logits [n_out, n_vocab], final-normed hidden states [n_out, n_embd])
-        for the tokens with `batch.output` set, in batch order.
+        """Run the batch; returns (logits [n_logits, n_vocab], final-normed hidden states [n_out, n_embd])
+        for the tokens with `batch.output` set, in batch order (logits for the first `batch.n_logits`
+        output rows only, when it is not -1).
 
         Both are views into the model's workspace, valid until the next forward: copy what must outlive
         it."""
@@ -359,9 +360,11 @@ class DecoderModel:
             m = ops.output_norm(h.x, ws.x, batch.output, self.output_norm, c.rms_eps, n, c.n_embd)
             if m == 0:
                 return np.zeros((0, c.n_vocab), np.float32), np.zeros((0, c.n_embd), np.float32)
-            logits = ws.logits(m)
-            self.output.matmul(_fresh(h, m), out=logits)
-            self.finish_logits(logits)
+            m_logits = m if batch.n_logits < 0 else min(batch.n_logits, m)
+            logits = ws.logits(m_logits)
+            if m_logits:
+                self.output.matmul(_fresh(h, m_logits), out=logits)
+                self.finish_logits(logits)
             return logits, h.x[:m]
 
     def finish_logits(self, logits: np.ndarray) -> None:
