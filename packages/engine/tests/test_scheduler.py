@@ -243,3 +243,55 @@ def test_embedding_rows_come_last_and_get_no_logits(engine: Engine) -> None:
     assert np.array_equal(eh.result(), want_embd)
     assert _tokens(h0) == want_stream
     assert h1.final is not None and h1.final.reason == StopReason.LENGTH
+
+
+def test_prompt_chunks_beside_decoding_streams_keep_to_the_prefill_cap(engine: Engine) -> None:
+    sched = engine.scheduler
+    long_prompt = [256, *range(100, 139)]
+    want = _alone(engine, long_prompt, 2)
+    h0 = RequestHandle()
+    sched.add(Generate(GenerationRequest(prompt=[256, 9, 8], max_tokens=30, sampling=GREEDY), h0))
+    sched.admit()
+    step = sched.schedule()
+    assert step is not None
+    _run(engine, step)
+    h1 = RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=long_prompt, max_tokens=2, sampling=GREEDY, cache_prompt=False), h1)
+    )
+    sched.admit()
+    sched.prefill_cap = 6
+    try:
+        sizes = []
+        while h1.final is None:
+            step = sched.schedule()
+            assert step is not None
+            decoding = [q for q in step.seqs if sched.slots[q].state == SlotState.GENERATE]
+            prompt = [q for q in step.seqs if sched.slots[q].state == SlotState.PROMPT]
+            if prompt:
+                # with a stream decoding, a prompt chunk is at most the cap; alone it takes the budget
+                sizes.append(step.n_tokens[prompt[0]])
+                assert step.n_tokens[prompt[0]] <= (6 if decoding else BUDGET)
+            _run(engine, step)
+        assert sizes[0] == 6 and sum(sizes) == len(long_prompt)
+        assert _tokens(h1) == want  # the same tokens as with whole chunks
+    finally:
+        sched.prefill_cap = BUDGET
+        h0.cancel()
+        while (step := sched.schedule()) is not None:
+            _run(engine, step)
+
+
+def test_the_engine_sizes_the_prefill_cap_from_measured_steps(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", seed=4)
+    engine = Engine(path, EngineConfig(n_ctx=512, n_batch=256, warmup=False, max_step_ms=50.0))
+    engine.start()
+    try:
+        handle = engine.submit(GenerationRequest(prompt=[256, *range(1, 200)], max_tokens=2, sampling=GREEDY))
+        assert isinstance(list(handle)[-1], FinalEvent)
+        # one 200-token step was measured: the cap is what fits 50 ms at that cost, within [32, n_batch]
+        cap = engine.scheduler.prefill_cap
+        assert 32 <= cap <= 256
+        assert cap == min(max(int(0.05 / engine._token_s), 32), 256)
+    finally:
+        engine.shutdown()

@@ -55,6 +55,8 @@ __all__ = [
     "StateFileError",
 ]
 
+_MEASURED_TOKENS = 32  # steps of at least this many tokens measure the per-token cost; the smallest cap
+
 
 class QueueFullError(RuntimeError):
     """The waiting queue is at its bound: try again later (the server answers 503 with Retry-After)."""
@@ -102,6 +104,9 @@ class EngineConfig:
     # kernel set: "portable", "avx2" or "avx512"; None: the LLAMA_KERNELS environment variable, else
     # the best the host runs (a set the host cannot run is a ValueError naming what it has)
     kernels: str | None = None
+    # while streams are generating, prompt and embedding chunks are sized from measured step times so a
+    # step takes about this long (streams keep their pace beside a long prompt); 0: fill n_batch (llama.cpp)
+    max_step_ms: float = 120.0
 
 
 class Engine:
@@ -149,6 +154,7 @@ class Engine:
         self._running = False
         self.ready = threading.Event()
         self.steps = 0
+        self._token_s = 0.0  # measured seconds per token of steps with prompt chunks (`_measured`)
         # generation requests submitted and not yet final: the queue bound counts those still in the inbox
         self._inflight = 0
         self._inflight_lock = threading.Lock()
@@ -379,6 +385,7 @@ class Engine:
         step = sched.schedule()
         if step is None:
             return
+        t0 = time.perf_counter()
         try:
             logits, hidden = self.model.forward(step.batch, self.kv)
         except KVCacheFullError as e:
@@ -389,5 +396,15 @@ class Engine:
             sched.undo(step)
             sched.fail_all(f"internal error: {type(e).__name__}: {e}")
             return
+        self._measured(step.n_scheduled, time.perf_counter() - t0)
         sched.postprocess(step, logits, hidden)
         self.steps += 1
+
+    def _measured(self, n_tokens: int, seconds: float) -> None:
+        """Fold a step's time into the per-token cost that sizes prompt chunks beside decoding streams."""
+        if self.config.max_step_ms <= 0 or n_tokens < _MEASURED_TOKENS:
+            return
+        cost = seconds / n_tokens
+        self._token_s = cost if self._token_s == 0.0 else 0.75 * self._token_s + 0.25 * cost
+        cap = int(self.config.max_step_ms / 1e3 / self._token_s)
+        self.scheduler.prefill_cap = min(max(cap, _MEASURED_TOKENS), self.config.n_batch)

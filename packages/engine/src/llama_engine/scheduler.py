@@ -129,6 +129,9 @@ class Scheduler:
         self._dry_vocab: Future[DryVocab] | None = None
         self._eog = sorted(tokenizer.eog_ids)
         self._builder = StepBuilder(n_parallel + 1, n_batch, n_ctx_slot)
+        # prompt and embedding tokens a step may add to decode tokens (the engine sizes it from measured
+        # step times, so streams keep a steady pace beside a long prompt); n_batch: no bound
+        self.prefill_cap = n_batch
 
     # -- admission ---------------------------------------------------------------------------------------
 
@@ -246,6 +249,8 @@ class Scheduler:
         for s in self.slots:
             if s.state == SlotState.GENERATE and b.room > 0:
                 self._schedule_decode(s)
+        if b.room < self.n_batch:  # streams are decoding: keep their step short
+            b.cap(self.prefill_cap)
         prefill: list[Slot | EmbeddingJob] = [s for s in self.slots if s.state == SlotState.PROMPT]
         if self.embeddings:
             prefill.append(self.embeddings[0])

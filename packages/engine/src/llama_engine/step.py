@@ -61,11 +61,16 @@ class StepBuilder:
         self._n_out = 0
         self._n_logits = -1  # output rows with logits, once a chunk without them was placed
         self._reserved = 0
+        self._limit = n_batch  # this step's budget (`cap` may lower it)
 
     @property
     def room(self) -> int:
         """Tokens still free under the budget."""
-        return self.n_batch - self._n - self._reserved
+        return self._limit - self._n - self._reserved
+
+    def cap(self, n: int) -> None:
+        """At most n more tokens in this step (prompt and embedding chunks after the decode tokens)."""
+        self._limit = min(self._limit, self._n + self._reserved + max(n, 0))
 
     def reserve(self, n: int) -> None:
         """Hold n tokens of the budget for a chunk placed later (`add_chunk(..., reserved=True)`)."""
@@ -81,6 +86,7 @@ class StepBuilder:
         st.seqs.clear()
         self._n = self._n_out = self._reserved = 0
         self._n_logits = -1
+        self._limit = self.n_batch
 
     def add_decode(self, seq: int, token: int, drafts: list[int], pos: int) -> None:
         """A generating sequence's next token at `pos`, then its drafts; logits for all of them."""
