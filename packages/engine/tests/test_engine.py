@@ -260,3 +260,16 @@ def test_kernel_set_is_chosen_in_the_config(tiny_path: Path, llm: LLM) -> None:
     with LLM(tiny_path, n_ctx=64, warmup=False, kernels="portable") as portable:
         assert portable.engine.kernels == KernelSet.PORTABLE
         assert _run(portable.engine, req)[0] == _run(llm.engine, req)[0]  # every kernel set: the same numbers
+
+
+def test_a_failed_warm_up_is_raised_to_whoever_waits(tmp_path: Path) -> None:
+    class _FailingWarmUp(Engine):
+        def warmup(self) -> None:
+            raise MemoryError("no room to compile")
+
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", seed=5)
+    engine = _FailingWarmUp(path, EngineConfig(n_ctx=256)).start()
+    with pytest.raises(RuntimeError, match="failed to start: no room to compile"):
+        engine.wait_ready(timeout=60)
+    assert isinstance(engine.failed, MemoryError)
+    engine.shutdown()

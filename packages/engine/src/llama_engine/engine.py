@@ -154,6 +154,7 @@ class Engine:
         self._running = False
         self.ready = threading.Event()
         self.steps = 0
+        self.failed: BaseException | None = None  # the warm-up's error, when the loop could not start
         self._token_s = 0.0  # measured seconds per token of steps with prompt chunks (`_measured`)
         # generation requests submitted and not yet final: the queue bound counts those still in the inbox
         self._inflight = 0
@@ -342,10 +343,24 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------------------------
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait for the loop to be serving (after its warm-up); raises the warm-up's error if it failed
+        (the loop thread has then ended). False when `timeout` passed first."""
+        if not self.ready.wait(timeout):
+            return False
+        if self.failed is not None:
+            raise RuntimeError(f"the engine failed to start: {self.failed}") from self.failed
+        return True
+
     def _loop(self) -> None:
         self._set_threads(self.config.n_threads)
-        if self.config.warmup:
-            self.warmup()
+        try:
+            if self.config.warmup:
+                self.warmup()
+        except Exception as e:  # a waiter must not wait for a loop that will never serve
+            self.failed = e
+            self.ready.set()
+            return
         self.ready.set()
         sched = self.scheduler
         try:

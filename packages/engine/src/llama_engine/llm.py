@@ -40,7 +40,7 @@ class LLM:
             n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, n_threads=n_threads, warmup=warmup, **config
         )
         self.engine = Engine(path, cfg).start()
-        self.engine.ready.wait()
+        self.engine.wait_ready()
         self.tokenizer = self.engine.tokenizer
         self.last: FinalEvent | None = None
 

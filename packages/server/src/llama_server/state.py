@@ -169,7 +169,7 @@ class ServerState:
             engine.tokenizer.warmup()
             max_piece_chars(engine.tokenizer)
             self.template = self._make_template(engine)
-            engine.ready.wait()
+            engine.wait_ready()
             if cfg.warmup:  # the first request's chain: the server's defaults, when not llama.cpp's
                 warm_sampling(engine.model.config.n_vocab, (cfg.sampling,))
             self.engine = engine
