@@ -54,8 +54,10 @@ def test_decode_steps_reuse_the_workspace(tiny_path) -> None:
 
 def test_a_decode_step_allocates_no_logits_or_activations(smollm2_path) -> None:
     """On SmolLM2 (a logits row is 192 KiB), the memory a decode step holds at its peak beyond what it held
-    before stays under half a logits row: no fresh logits, activations or products per step (the least of
-    ten steps, so a garbage collection during one does not count)."""
+    before stays under one logits row: no fresh logits, activations or products per step (the least of
+    ten steps, so a garbage collection during one does not count). The one allocation left is the
+    attention kernel's per-thread scratch (about 143 KiB at these positions, numba's allocator, freed
+    when it returns): a fresh logits row on top of it would pass the bound."""
     model = load_model(open_gguf(smollm2_path))
     kv = model.make_kv_cache(256, n_ubatch=32)
     model.forward(Batch.single(_tokens(8, 5), 0), kv)
@@ -71,4 +73,4 @@ def test_a_decode_step_allocates_no_logits_or_activations(smollm2_path) -> None:
             extra.append(tracemalloc.get_traced_memory()[1] - before)
     finally:
         tracemalloc.stop()
-    assert min(extra) < model.config.n_vocab * 4 // 2, f"bytes held beyond the start per step: {extra}"
+    assert min(extra) < model.config.n_vocab * 4, f"bytes held beyond the start per step: {extra}"
