@@ -156,6 +156,8 @@ class Engine:
         self.steps = 0
         self.failed: BaseException | None = None  # the warm-up's error, when the loop could not start
         self._token_s = 0.0  # measured seconds per token of steps with prompt chunks (`_measured`)
+        if config.max_step_ms > 0:  # until a step is measured, a small cap beside decoding streams
+            self.scheduler.prefill_cap = min(config.n_batch, 2 * _MEASURED_TOKENS)
         # generation requests submitted and not yet final: the queue bound counts those still in the inbox
         self._inflight = 0
         self._inflight_lock = threading.Lock()
