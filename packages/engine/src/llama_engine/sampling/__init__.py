@@ -17,7 +17,9 @@ from .params import (
     DEFAULT_SAMPLERS,
     MAX_N_PROBS,
     SAMPLER_NAMES,
+    GrammarTrigger,
     SamplingParams,
+    TriggerType,
     parse_samplers,
 )
 from .rng import LLAMA_DEFAULT_SEED
@@ -29,9 +31,11 @@ __all__ = [
     "MAX_N_PROBS",
     "SAMPLER_NAMES",
     "DryVocab",
+    "GrammarTrigger",
     "Sampler",
     "SamplingParams",
     "TokenProbs",
+    "TriggerType",
     "parse_samplers",
     "warmup",
 ]

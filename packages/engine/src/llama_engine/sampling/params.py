@@ -11,6 +11,7 @@ import math
 
 import msgspec
 
+from ..grammar.triggers import GrammarTrigger, TriggerPatterns, TriggerType, trigger_patterns
 from .rng import LLAMA_DEFAULT_SEED
 
 __all__ = [
@@ -18,7 +19,9 @@ __all__ = [
     "DEFAULT_SAMPLERS",
     "MAX_N_PROBS",
     "SAMPLER_NAMES",
+    "GrammarTrigger",
     "SamplingParams",
+    "TriggerType",
     "parse_samplers",
 ]
 
@@ -90,6 +93,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     n_probs: int = 0  # > 0: report the top n_probs probabilities per token
     min_keep: int = 0  # samplers keep at least this many candidates
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    grammar: str = ""  # GBNF text constraining the output ("": none); start symbol `root`
+    grammar_lazy: bool = False  # unconstrained until a trigger appears (then the grammar applies)
+    grammar_triggers: tuple[GrammarTrigger, ...] = ()  # words, patterns, pattern_full, token ids
+    preserved_tokens: tuple[int, ...] = ()  # special tokens whose text is output (not hidden)
+    grammar_prefill: tuple[int, ...] = ()  # tokens fed to the grammar first (e.g. a generation prompt)
 
     def validate(self) -> SamplingParams:
         """Return self, or raise ValueError naming the first invalid field."""
@@ -123,6 +131,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in self.samplers:
             if name not in SAMPLER_NAMES:
                 raise ValueError(f"samplers: unknown sampler {name!r} (known: {', '.join(SAMPLER_NAMES)})")
+        self._validate_grammar()
         for entry in self.logit_bias:
             if len(entry) != 2:
                 raise ValueError(f"logit_bias entries must be (token, bias) pairs, got {entry!r}")
@@ -132,6 +141,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             if math.isnan(bias) or bias == math.inf:
                 raise ValueError(f"logit_bias bias for token {token} must be a number or -inf, got {bias}")
         return self
+
+    def _validate_grammar(self) -> None:
+        """Grammar fields (the grammar text itself is checked by ``parse_grammar`` when used)."""
+        if not isinstance(self.grammar, str):
+            raise ValueError("grammar must be a string")
+        if self.grammar_lazy and self.grammar and not self.grammar_triggers:
+            raise ValueError("no triggers set for lazy grammar")
+        for t in self.grammar_triggers:
+            if t.type == TriggerType.TOKEN and t.token < 0:
+                raise ValueError(f"grammar_triggers: token trigger needs a token id, got {t.token}")
+        TriggerPatterns(trigger_patterns(self.grammar_triggers)[0])  # raises on an invalid pattern
+        for name in ("preserved_tokens", "grammar_prefill"):
+            for tid in getattr(self, name):
+                if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+                    raise ValueError(f"{name} entries must be non-negative token ids, got {tid!r}")
 
 
 def _finite(name: str, v: float) -> None:
