@@ -1,0 +1,90 @@
+"""The command-line flags of the tools features and of the CORS policy, shared by `llama-server` and
+`llama-router` (cli.md §1.4): click decorators and the functions that turn the parsed values into
+`ToolsConfig` and `CorsPolicy`. Invalid values raise `click.UsageError`, which aborts start-up."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from .builtin.io import RuntimeSpecError
+from .config import ToolsConfig, ToolsConfigError, load_mcp_servers, parse_tools_list
+from .cors import CorsPolicy, cors_origins_default
+from .runtime import check_runtime_spec
+
+__all__ = ["cors_options", "cors_policy_from_options", "tools_config_from_options", "tools_options"]
+
+log = logging.getLogger("llama_tools")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def tools_options(f: F) -> F:
+    """`--tools`, `--tools-runtime`, `-ag/--agent`, `--mcp-servers-config`, `--mcp-servers-json`,
+    `--ui-mcp-proxy`."""
+    o = click.option
+    options = [
+        o("--tools", "tools", envvar="LLAMA_ARG_TOOLS",
+          help="Built-in tools to enable: all, or names from read_file, file_glob_search, grep_search, "
+          "exec_shell_command, write_file, edit_file, get_info."),
+        o("--tools-runtime", envvar="LLAMA_ARG_TOOLS_RUNTIME",
+          help="Run every tool in an isolate: docker:<image>, podman:<image>, docker-container:<id>, "
+          "podman-container:<id> or ssh:<target>."),
+        o("-ag/-no-ag", "--agent/--no-agent", "agent", default=False, envvar="LLAMA_ARG_AGENT",
+          help="Same as --tools all plus --ui-mcp-proxy."),
+        o("--mcp-servers-config", envvar="LLAMA_ARG_MCP_SERVERS_CONFIG",
+          help='MCP servers JSON file ({"mcpServers": {...}}, stdio servers).'),
+        o("--mcp-servers-json", envvar="LLAMA_ARG_MCP_SERVERS_JSON", help="MCP servers JSON, inline."),
+        o("--ui-mcp-proxy/--no-ui-mcp-proxy", "--webui-mcp-proxy/--no-webui-mcp-proxy", "ui_mcp_proxy",
+          default=False, envvar="LLAMA_ARG_UI_MCP_PROXY", help="Serve /cors-proxy for the web UI."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def cors_options(f: F) -> F:
+    """`--cors-origins` (no default here: unset means `*`, or `localhost` with tools/MCP), `--cors-methods`,
+    `--cors-headers`, `--cors-credentials/--no-cors-credentials`."""
+    o = click.option
+    options = [
+        o("--cors-origins", default=None, envvar="LLAMA_ARG_CORS_ORIGINS",
+          help="*, localhost (loopback origins only) or a literal origin [default: *, localhost with tools]"),
+        o("--cors-methods", default="GET, POST, DELETE, OPTIONS", envvar="LLAMA_ARG_CORS_METHODS"),
+        o("--cors-headers", default="*", envvar="LLAMA_ARG_CORS_HEADERS"),
+        o("--cors-credentials/--no-cors-credentials", default=True, envvar="LLAMA_ARG_CORS_CREDENTIALS"),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def tools_config_from_options(kw: dict[str, Any]) -> ToolsConfig:
+    """The ToolsConfig of the parsed flags (reads the MCP config file)."""
+    try:
+        tools = parse_tools_list("all" if kw.get("agent") else kw.get("tools"))
+        servers = load_mcp_servers(kw.get("mcp_servers_config"), kw.get("mcp_servers_json"))
+        runtime = kw.get("tools_runtime") or ""
+        check_runtime_spec(runtime)
+    except (ToolsConfigError, RuntimeSpecError) as e:
+        raise click.UsageError(str(e)) from None
+    if (kw.get("mcp_servers_config") or kw.get("mcp_servers_json")) and not servers:
+        log.warning('MCP config has no usable servers (missing "mcpServers" or entries without a command)')
+    return ToolsConfig(
+        tools=tools,
+        runtime=runtime,
+        cors_proxy=bool(kw.get("ui_mcp_proxy") or kw.get("agent")),
+        mcp_servers=servers,
+    )
+
+
+def cors_policy_from_options(kw: dict[str, Any], tools: ToolsConfig) -> CorsPolicy:
+    """The CorsPolicy of the parsed flags; tools or MCP switch an unset `--cors-origins` to `localhost`."""
+    return CorsPolicy(
+        origins=cors_origins_default(kw.get("cors_origins"), tools.enabled),
+        methods=kw.get("cors_methods", CorsPolicy.methods),
+        headers=kw.get("cors_headers", CorsPolicy.headers),
+        credentials=kw.get("cors_credentials", True),
+    )
