@@ -6,6 +6,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llama_tools import ToolsConfig
+
 from llama_engine import SamplingParams
 
 __all__ = ["BUNDLED_MODEL_FILE", "ServerConfig", "bundled_model_path"]
@@ -57,6 +59,7 @@ class ServerConfig:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
+    tools: ToolsConfig = field(default_factory=ToolsConfig)  # /tools, MCP servers, /cors-proxy (llama_tools)
     endpoint_metrics: bool = False
     endpoint_props: bool = False
     endpoint_slots: bool = True
@@ -64,11 +67,18 @@ class ServerConfig:
     static_path: str | None = None  # --path: serve this folder at / instead of the bundled web UI
     slot_save_path: str | None = None
     max_body_bytes: int = 16 * 1024 * 1024
+    # resumable streams (X-Conversation-Id): llama.cpp's constants, settable so tests need not wait minutes
+    stream_session_bytes: int = 4 * 1024 * 1024  # ring buffer cap per session
+    stream_session_ttl: float = 300.0  # seconds a finished session is kept
+    stream_gc_interval: float = 60.0  # seconds between sweeps of expired sessions
+    stream_reader_wake: float = 0.2  # seconds between a waiting reader's checks for shutdown
     # chat template and reasoning
     jinja: bool = True
     chat_template: str | None = None  # a built-in name or template text; None: the model's
     chat_template_kwargs: dict = field(default_factory=dict)
     reasoning_format: str = "deepseek"
+    reasoning: str = "auto"  # -rea on|off|auto: off renders every template with thinking disabled
+    reasoning_budget: int = -1  # thinking tokens before the block is closed (-1: unlimited, 0: none)
     prefill_assistant: bool = True
     reverse_prompts: tuple[str, ...] = ()
     # embeddings

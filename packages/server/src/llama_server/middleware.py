@@ -15,9 +15,9 @@ import hmac
 import json
 import logging
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
+from llama_tools import CorsPolicy
 
 from .errors import error_body
 from .state import DRAIN_MESSAGE, ServerState
@@ -36,6 +36,8 @@ class EdgeMiddleware:
         # the web UI's files (`/`, `/index.html`, `/_app/...`): public, and served while the model loads
         self.assets = assets | {"/", "/index.html"}
         self.keys = [k.encode() for k in state.config.api_keys]
+        cfg = state.config
+        self.cors = CorsPolicy(cfg.cors_origins, cfg.cors_methods, cfg.cors_headers, cfg.cors_credentials)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -78,24 +80,12 @@ class EdgeMiddleware:
         return ok
 
     def _cors(self, headers: dict[str, str], preflight: bool) -> list[tuple[bytes, bytes]]:
-        cfg = self.state.config
+        # the policy (`*`, `localhost`, a literal origin) is llama_tools', shared with llama-router
         origin = headers.get("origin", "")
-        out: list[tuple[bytes, bytes]] = []
-        allow: str | None
-        if cfg.cors_origins == "*" and cfg.cors_credentials:
-            allow = origin or None
-        elif cfg.cors_origins == "localhost":
-            host = urlsplit(origin if "://" in origin else "//" + origin).hostname or ""
-            allow = origin if host in ("localhost", "127.0.0.1", "::1") else None
-        else:
-            allow = cfg.cors_origins
-        if allow is not None:
-            out.append((b"access-control-allow-origin", allow.encode("latin-1", "replace")))
-        if preflight:
-            out.append((b"access-control-allow-credentials", b"true" if cfg.cors_credentials else b"false"))
-            out.append((b"access-control-allow-methods", cfg.cors_methods.encode()))
-            out.append((b"access-control-allow-headers", cfg.cors_headers.encode()))
-        return out
+        return [
+            (k.lower().encode(), v.encode("latin-1", "replace"))
+            for k, v in self.cors.response_headers(origin, preflight)
+        ]
 
 
 async def _respond(send: Any, status: int, body: bytes, content_type: bytes) -> None:

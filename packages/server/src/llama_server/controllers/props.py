@@ -52,7 +52,7 @@ class PropsController(Controller):
                 "eos_token": tok.token_text(tok.eos_id) if tok.eos_id is not None else "",
                 "build_info": BUILD_INFO,
                 "is_sleeping": False,
-                "cors_proxy_enabled": False,
+                "cors_proxy_enabled": cfg.tools.cors_proxy,
             }
         )
 
