@@ -27,6 +27,7 @@ from litestar.exceptions import (
 from litestar.response import File
 from litestar.static_files import create_static_files_router
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from llama_tools import ToolsService, tools_route_handlers
 
 import llama_webui
 
@@ -161,6 +162,7 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
         state = ServerState(state)
     st: ServerState = state
     webui_routes, webui_files = _webui(st.config)
+    tools = ToolsService(st.config.tools)  # /tools (built-ins, MCP children) and /cors-proxy: llama_tools
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -172,8 +174,8 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
             st.shutdown()
 
     app = Litestar(
-        route_handlers=[*CONTROLLERS, *webui_routes],
-        lifespan=[lifespan],
+        route_handlers=[*CONTROLLERS, *tools_route_handlers(tools), *webui_routes],
+        lifespan=[lifespan, tools.lifespan],
         dependencies={"server": Provide(lambda: st, use_cache=True, sync_to_thread=False)},
         exception_handlers={
             ApiError: _api_error,
@@ -191,6 +193,7 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
     )
     app.state.server = st
     st.drain_hooks.append(end_streams)  # SIGTERM: every open generation ends with its final event
+    st.drain_hooks.append(lambda _message: tools.begin_shutdown())  # tool calls in flight end too
     # around the router: CORS, readiness, API key and the Server header cover every path, even unknown
     # ones; outermost, the read and write timeouts cover the whole exchange
     app.asgi_handler = IOTimeouts(EdgeMiddleware(app.asgi_handler, st, webui_files), st.config.timeout)

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 import click
+from llama_tools import cors_options, cors_policy_from_options, tools_config_from_options, tools_options
 
 from llama_engine import SamplingParams
 from llama_engine.kv_cache import KV_TYPES
@@ -191,10 +192,6 @@ def _opts(f: Any) -> Any:
             help="Read and write timeout in seconds (a stalled request body or an unread response).",
         ),
         o("--sse-ping-interval", type=int, default=30, envvar="LLAMA_ARG_SSE_PING_INTERVAL"),
-        o("--cors-origins", default="*", envvar="LLAMA_ARG_CORS_ORIGINS"),
-        o("--cors-methods", default="GET, POST, DELETE, OPTIONS", envvar="LLAMA_ARG_CORS_METHODS"),
-        o("--cors-headers", default="*", envvar="LLAMA_ARG_CORS_HEADERS"),
-        o("--cors-credentials/--no-cors-credentials", default=True, envvar="LLAMA_ARG_CORS_CREDENTIALS"),
         o("--metrics", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_METRICS", help="Enable GET /metrics."),
         o("--props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS", help="Enable POST /props."),
         o("--slots/--no-slots", default=True, envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="GET /slots."),
@@ -277,7 +274,7 @@ def _opts(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return _ignored_options(f)
+    return _ignored_options(tools_options(cors_options(f)))
 
 
 def _cache_type(name: str, flag: str) -> str:
@@ -401,6 +398,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
     except ValueError as e:
         raise click.UsageError(f"invalid sampling option: {e}") from None
     host = kw["host"].split(",")[0]
+    tools = tools_config_from_options(kw)
+    cors = cors_policy_from_options(kw, tools)
     return ServerConfig(
         model=model,
         alias=tuple(a for a in (kw["alias"] or "").split(",") if a),
@@ -426,10 +425,11 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         api_keys=_keys(kw["api_key"], kw["api_key_file"]),
         timeout=kw["timeout"],
         sse_ping_interval=kw["sse_ping_interval"],
-        cors_origins=kw["cors_origins"],
-        cors_methods=kw["cors_methods"],
-        cors_headers=kw["cors_headers"],
-        cors_credentials=kw["cors_credentials"],
+        cors_origins=cors.origins,
+        cors_methods=cors.methods,
+        cors_headers=cors.headers,
+        cors_credentials=cors.credentials,
+        tools=tools,
         endpoint_metrics=kw["metrics"],
         endpoint_props=kw["props"],
         endpoint_slots=kw["slots"],
