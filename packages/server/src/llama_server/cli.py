@@ -56,8 +56,6 @@ IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("--cache-reuse",), True),
     (("-sps", "--slot-prompt-similarity"), True),
     (("-cram", "--cache-ram"), True),
-    (("--reasoning-budget",), True),
-    (("-rea", "--reasoning"), True),
     (("--log-colors",), True),
     (("--log-prefix",), False),
     (("--log-timestamps",), False),
@@ -101,6 +99,11 @@ def _opts(f: Any) -> Any:
             help="GGUF model file (default: the bundled SmolLM2-135M).",
         ),
         o("-a", "--alias", envvar="LLAMA_ARG_ALIAS", help="Comma-separated model names for the API."),
+        # router mode: no model and one of these runs llama-router with the same arguments
+        o("--models-dir", envvar="LLAMA_ARG_MODELS_DIR", help="Router mode: directory of GGUF models."),
+        o("--models-preset", envvar="LLAMA_ARG_MODELS_PRESET", help="Router mode: INI file of presets."),
+        o("--models-max", type=int, default=4, envvar="LLAMA_ARG_MODELS_MAX", help="Router mode."),
+        o("--models-autoload/--no-models-autoload", default=True, envvar="LLAMA_ARG_MODELS_AUTOLOAD"),
         o("--tags", envvar="LLAMA_ARG_TAGS", help="Comma-separated informational tags."),
         # context, batching, slots
         o(
@@ -223,6 +226,8 @@ def _opts(f: Any) -> Any:
             envvar="LLAMA_ARG_THINK",
             type=click.Choice(["none", "auto", "deepseek", "deepseek-legacy"]),
         ),
+        o("-rea", "--reasoning", default="auto", envvar="LLAMA_ARG_REASONING", help="Thinking: on, off or auto."),
+        o("--reasoning-budget", type=int, default=-1, envvar="LLAMA_ARG_THINK_BUDGET"),
         o("--prefill-assistant/--no-prefill-assistant", default=True, envvar="LLAMA_ARG_PREFILL_ASSISTANT"),
         o("-r", "--reverse-prompt", multiple=True, help="Default stop string (repeatable)."),
         # embeddings
@@ -310,6 +315,15 @@ def _logit_bias(entries: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
         else:
             raise click.BadParameter(f"invalid logit bias {e!r} (expected TOKEN+BIAS or TOKEN-BIAS)")
     return tuple(out)
+
+
+def _reasoning(value: str, budget: int) -> str:
+    """`-rea on|off|auto` (llama.cpp's truthy and falsy spellings too); a budget of 0 means off."""
+    v = value.strip().lower()
+    mode = "on" if v in _TRUE else "off" if v in _FALSE else "auto" if v == "auto" else None
+    if mode is None:
+        raise click.UsageError(f"error: unknown value for --reasoning: '{value}'")
+    return "off" if budget == 0 else mode
 
 
 def _unescape(s: str) -> str:
@@ -440,6 +454,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         chat_template=template,
         chat_template_kwargs=tmpl_kwargs,
         reasoning_format=kw["reasoning_format"],
+        reasoning=_reasoning(kw["reasoning"], kw["reasoning_budget"]),
+        reasoning_budget=kw["reasoning_budget"],
         prefill_assistant=kw["prefill_assistant"],
         reverse_prompts=tuple(_unescape(r) for r in kw["reverse_prompt"]),
         embeddings=kw["embeddings"],
@@ -476,8 +492,11 @@ def _setup_logging(kw: dict[str, Any]) -> str:
 def main(**kw: Any) -> None:
     """Serve a GGUF model over HTTP: llama.cpp's native API plus OpenAI- and Anthropic-compatible routes."""
     from .app import create_app
+    from .child import ChildChannel, is_child, run_router
     from .state import ServerState
 
+    if not kw["model"] and (kw["models_dir"] or kw["models_preset"]):
+        run_router()
     cfg = build_config(kw)
     log_level = _setup_logging(kw)
     sock = None
@@ -485,6 +504,8 @@ def main(**kw: Any) -> None:
         sock = socket.create_server((cfg.host, 0))
         cfg = dataclasses.replace(cfg, port=sock.getsockname()[1])
     state = ServerState(cfg, exit_on_load_error=True)
+    if is_child():  # started by llama-router: state lines on stdout, commands on stdin
+        ChildChannel(state).start()
     app = create_app(state)
     click.echo(
         f"llama-server: loading {cfg.model} (slots: {cfg.n_parallel}, ctx: {cfg.n_ctx or 'model'})", err=True

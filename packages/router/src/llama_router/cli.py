@@ -1,0 +1,160 @@
+"""`llama-router`: many models behind one address. Takes llama-server's flags: the router's own (models,
+HTTP, API keys, CORS) are read here; every other llama-server option is passed to each child (and wins
+over preset values)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import options as opts
+from .catalogue import CatalogueError
+from .config import RouterConfig
+
+__all__ = ["main", "parse_child_options", "server_command"]
+
+
+def parse_child_options(args: list[str]) -> dict[str, str]:
+    """llama-server options given to the router, as entry options (negative flags become `false`)."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("-") or token == "-":
+            raise click.UsageError(f"unexpected argument: {token!r}")
+        name, eq, inline = token.partition("=")
+        try:
+            opt, negative = opts.lookup(name)
+        except opts.UnknownOption:
+            raise click.UsageError(f"unknown option: {name}") from None
+        if opt.value:
+            if eq:
+                value = inline
+            elif i + 1 < len(args):
+                i += 1
+                value = args[i]
+            else:
+                raise click.UsageError(f"option {name} needs a value")
+        else:
+            value = "false" if negative else "true"
+        out[opt.key] = value
+        i += 1
+    return out
+
+
+def server_command() -> tuple[str, ...]:
+    """How a child is started: `LLAMA_SERVER_BIN` (set by `llama-server` when it runs the router), else
+    the `llama-server` beside this interpreter, else the one on PATH."""
+    if os.environ.get("LLAMA_SERVER_BIN"):
+        return (os.environ["LLAMA_SERVER_BIN"],)
+    beside = Path(sys.executable).parent / "llama-server"
+    if beside.is_file():
+        return (str(beside),)
+    found = shutil.which("llama-server")
+    if found is None:
+        raise click.UsageError("llama-server is not installed: the router starts it for each model")
+    return (found,)
+
+
+def _keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
+    keys = [k for k in (api_key or "").split(",") if k]
+    if api_key_file:
+        for line in Path(api_key_file).read_text().splitlines():
+            if line.strip() and not line.strip().startswith("#"):
+                keys.append(line.strip())
+    return tuple(keys)
+
+
+_CTX = {
+    "help_option_names": ["-h", "--help"],
+    "ignore_unknown_options": True,
+    "allow_extra_args": True,
+    "max_content_width": 110,
+}
+
+
+@click.command(context_settings=_CTX)
+@click.option("--models-dir", envvar="LLAMA_ARG_MODELS_DIR", help="Directory of GGUF models.")
+@click.option("--models-preset", envvar="LLAMA_ARG_MODELS_PRESET", help="INI file of model presets.")
+@click.option("--models-max", type=int, default=4, envvar="LLAMA_ARG_MODELS_MAX", show_default=True)
+@click.option("--models-autoload/--no-models-autoload", default=True, envvar="LLAMA_ARG_MODELS_AUTOLOAD")
+@click.option("--host", default="127.0.0.1", envvar="LLAMA_ARG_HOST", show_default=True)
+@click.option("--port", type=int, default=8080, envvar="LLAMA_ARG_PORT", show_default=True)
+@click.option("--api-key", envvar="LLAMA_API_KEY", help="Comma-separated API keys.")
+@click.option("--api-key-file", envvar="LLAMA_ARG_API_KEY_FILE", type=click.Path(dir_okay=False))
+@click.option("--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE")
+@click.option("--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE")
+@click.option("--cors-origins", default="*", envvar="LLAMA_ARG_CORS_ORIGINS")
+@click.option("--cors-methods", default="GET, POST, DELETE, OPTIONS", envvar="LLAMA_ARG_CORS_METHODS")
+@click.option("--cors-headers", default="*", envvar="LLAMA_ARG_CORS_HEADERS")
+@click.option("--cors-credentials/--no-cors-credentials", default=True, envvar="LLAMA_ARG_CORS_CREDENTIALS")
+@click.option("-to", "--timeout", type=int, default=3600, envvar="LLAMA_ARG_TIMEOUT")
+@click.option("--max-queue", type=int, default=64, help="Requests waiting for a model before 503.")
+@click.option("-hft", "--hf-token", envvar="HF_TOKEN", help="Token for the model hub (sent only to it).")
+@click.option("--offline", is_flag=True, envvar="LLAMA_OFFLINE")
+@click.option("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI")
+@click.option("--path", "static_path", envvar="LLAMA_ARG_STATIC_PATH", type=click.Path(file_okay=False))
+@click.option("-v", "--verbose", is_flag=True)
+@click.option("--log-disable", is_flag=True)
+@click.pass_context
+def main(ctx: click.Context, **kw: Any) -> None:
+    """Serve many GGUF models behind one address: one llama-server child per loaded model."""
+    child_options = parse_child_options(list(ctx.args))
+    if kw["offline"]:
+        child_options["offline"] = "true"
+    if kw["timeout"] != 3600:
+        child_options["timeout"] = str(kw["timeout"])
+    child_options["max-queue"] = str(kw["max_queue"])
+    level = logging.DEBUG if kw["verbose"] else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
+    if kw["log_disable"]:
+        logging.disable(logging.CRITICAL)
+    sock = socket.create_server((kw["host"], kw["port"]), reuse_port=False)
+    port = sock.getsockname()[1]
+    cfg = RouterConfig(
+        host=kw["host"],
+        port=port,
+        models_dir=kw["models_dir"],
+        models_preset=kw["models_preset"],
+        models_max=kw["models_max"],
+        models_autoload=kw["models_autoload"],
+        cli_options=child_options,
+        server_command=server_command(),
+        api_keys=_keys(kw["api_key"], kw["api_key_file"]),
+        cors_origins=kw["cors_origins"],
+        cors_methods=kw["cors_methods"],
+        cors_headers=kw["cors_headers"],
+        cors_credentials=kw["cors_credentials"],
+        timeout=kw["timeout"],
+        max_waiting=kw["max_queue"],
+        hf_token=kw["hf_token"],
+        offline=kw["offline"],
+        webui=kw["webui"],
+        static_path=kw["static_path"],
+    )
+    from .app import create_app
+
+    try:
+        app = create_app(cfg)
+    except (CatalogueError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+    import uvicorn
+
+    click.echo(f"llama-router: listening on http://{cfg.host}:{cfg.port}", err=True)
+    uvicorn.run(
+        app,
+        fd=sock.fileno(),
+        log_level="warning",
+        server_header=False,
+        timeout_graceful_shutdown=5,
+        ssl_keyfile=kw["ssl_key_file"],
+        ssl_certfile=kw["ssl_cert_file"],
+    )

@@ -1,0 +1,34 @@
+"""Router settings, decided once from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RouterConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """What `llama-router`'s flags decide. `cli_options` are the other llama-server options given to the
+    router (entry key -> value): they are overlaid on every entry (the command line wins over presets)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    models_dir: str | None = None
+    models_preset: str | None = None
+    models_max: int = 4
+    models_autoload: bool = True
+    cli_options: dict[str, str] = field(default_factory=dict)
+    server_command: tuple[str, ...] = ("llama-server",)
+    api_keys: tuple[str, ...] = ()
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    timeout: float = 3600.0
+    max_waiting: int = 64  # requests waiting for a model load before 503 + Retry-After
+    hf_token: str | None = None
+    offline: bool = False
+    webui: bool = True
+    static_path: str | None = None
+    health_interval: float = 5.0  # seconds between health checks of remote replicas

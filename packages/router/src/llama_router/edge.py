@@ -1,0 +1,79 @@
+"""The edge of every router request (the same rules as llama-server's, endpoints.md §0.4): CORS headers
+and OPTIONS, the API key (only `/health` and the web UI's files are public), no `Server` header."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+from urllib.parse import urlsplit
+
+from .config import RouterConfig
+from .proxy import send_error
+
+__all__ = ["Edge"]
+
+PUBLIC = frozenset({"/health", "/v1/health", "/", "/index.html"})
+
+
+class Edge:
+    def __init__(self, app: Any, config: RouterConfig, assets: frozenset[str] = frozenset()) -> None:
+        self.app = app
+        self.config = config
+        self.keys = [k.encode() for k in config.api_keys]
+        self.public = PUBLIC | assets
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        extra = self._cors(headers.get("origin", ""), scope["method"] == "OPTIONS")
+        extra.append((b"server", b"llama.cpp"))
+
+        async def send_edge(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        if scope["method"] == "OPTIONS":
+            await send_edge(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]}
+            )
+            await send_edge({"type": "http.response.body", "body": b""})
+            return
+        if self.keys and scope["path"] not in self.public and not self._authorized(headers):
+            await send_error(send_edge, 401, "Invalid API Key", "authentication_error")
+            return
+        await self.app(scope, receive, send_edge)
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        key = headers.get("authorization") or headers.get("x-api-key") or ""
+        if key.startswith("Bearer "):
+            key = key[7:]
+        given = key.encode("latin-1", "replace")
+        ok = False
+        for k in self.keys:  # every key compared: the time taken does not tell which one matched
+            ok |= hmac.compare_digest(given, k)
+        return ok
+
+    def _cors(self, origin: str, preflight: bool) -> list[tuple[bytes, bytes]]:
+        cfg = self.config
+        allow: str | None
+        if cfg.cors_origins == "*" and cfg.cors_credentials:
+            allow = origin or None
+        elif cfg.cors_origins == "localhost":
+            host = urlsplit(origin if "://" in origin else "//" + origin).hostname or ""
+            allow = origin if host in ("localhost", "127.0.0.1", "::1") else None
+        elif cfg.cors_origins != "*":
+            listed = [o.strip() for o in cfg.cors_origins.split(",")]
+            allow = origin if origin in listed else None
+        else:
+            allow = "*"
+        out: list[tuple[bytes, bytes]] = []
+        if allow is not None:
+            out.append((b"access-control-allow-origin", allow.encode("latin-1", "replace")))
+        if preflight:
+            out.append((b"access-control-allow-credentials", b"true" if cfg.cors_credentials else b"false"))
+            out.append((b"access-control-allow-methods", cfg.cors_methods.encode()))
+            out.append((b"access-control-allow-headers", cfg.cors_headers.encode()))
+        return out

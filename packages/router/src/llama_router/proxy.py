@@ -1,0 +1,283 @@
+"""Forwarding a request to the child (or remote replica) serving its model (router.md §4.2), as a plain
+ASGI handler: the response is streamed back chunk by chunk, and a client that goes away closes the
+connection to the child, which then stops generating."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+
+from .models import Instance, LoadError, ModelManager
+from .replicas import pick_replica
+
+__all__ = ["GET_PROXIED", "POST_PROXIED", "Proxy", "is_proxied", "send_error"]
+
+log = logging.getLogger("llama_router")
+
+POST_PROXIED = frozenset(
+    [
+        "/completion",
+        "/completions",
+        "/v1/completions",
+        "/chat/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions/control",
+        "/responses",
+        "/v1/responses",
+        "/audio/transcriptions",
+        "/v1/audio/transcriptions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/infill",
+        "/embedding",
+        "/embeddings",
+        "/v1/embeddings",
+        "/rerank",
+        "/reranking",
+        "/v1/rerank",
+        "/v1/reranking",
+        "/v1/systemone",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/chat/completions/input_tokens",
+        "/v1/chat/completions/input_tokens",
+        "/responses/input_tokens",
+        "/v1/responses/input_tokens",
+        "/lora-adapters",
+        "/props",
+    ]
+)
+GET_PROXIED = frozenset({"/metrics", "/lora-adapters", "/slots", "/props"})
+_DROP_REQUEST = frozenset(
+    {b"accept-encoding", b"content-length", b"transfer-encoding", b"host", b"authorization", b"x-api-key"}
+)
+_DROP_RESPONSE = frozenset({b"server", b"transfer-encoding", b"content-length", b"keep-alive", b"connection"})
+JSON = b"application/json; charset=utf-8"
+
+
+def is_proxied(method: str, path: str, query: dict[str, list[str]]) -> bool:
+    if method == "POST":
+        return path in POST_PROXIED or path.startswith("/slots/")
+    if method == "GET" and path in GET_PROXIED:
+        return path != "/props" or bool(query.get("model"))
+    return False
+
+
+async def send_error(send: Any, code: int, message: str, kind: str, headers: list[Any] | None = None) -> None:
+    body = json.dumps({"error": {"code": code, "message": message, "type": kind}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": code,
+            "headers": [
+                (b"content-type", JSON),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ConnectionResetError("client disconnected")
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body"):
+            return b"".join(chunks)
+
+
+def _autoload(query: dict[str, list[str]], default: bool) -> bool:
+    v = (query.get("autoload") or [""])[0]
+    return default if not v else v in ("true", "1")
+
+
+def model_from_body(body: bytes) -> str:
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        return ""
+    m = data.get("model") if isinstance(data, dict) else None
+    return m if isinstance(m, str) else ""
+
+
+class Proxy:
+    """The proxied routes of one router."""
+
+    def __init__(self, manager: ModelManager, client: httpx.AsyncClient) -> None:
+        self.manager = manager
+        self.client = client
+        self.conversations: Any = None  # set by the app: the conv_id -> model map
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        method, _path = scope["method"], scope["path"]
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        try:
+            body = await read_body(receive) if method == "POST" else b""
+        except ConnectionResetError:
+            return
+        name = model_from_body(body) if method == "POST" else ""
+        if not name:
+            name = (query.get("model") or [""])[0]
+        if not name and b"multipart/form-data" in headers.get(b"content-type", b""):
+            name = _multipart_field(body, "model")
+        if not name:
+            await send_error(send, 400, "model name is missing from the request", "invalid_request_error")
+            return
+        inst = self.manager.resolve(name)
+        if inst is None:
+            await send_error(send, 400, f"model '{name}' not found", "invalid_request_error")
+            return
+        conv = headers.get(b"x-conversation-id", b"").decode("utf-8", "replace")
+        ticket = self.conversations.register(conv, inst.name) if conv and self.conversations else None
+        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            if inst.entry.remote:
+                await self._forward(inst, scope, body, send, disconnected, method == "POST")
+                return
+            try:
+                await self._acquire(inst, query, method == "POST", disconnected, bool(conv))
+            except LoadError as e:
+                extra = [(b"retry-after", b"1")] if e.code == 503 else None
+                await send_error(send, e.code, e.message, e.kind, extra)
+                return
+            except asyncio.CancelledError:
+                if disconnected.done():
+                    return  # the client left while queued: the request is dropped
+                raise
+            try:
+                if ticket is not None and not self.conversations.current(conv, ticket):
+                    await send_error(
+                        send,
+                        400,
+                        "request cancelled by a stop while the model was loading",
+                        "invalid_request_error",
+                    )
+                    return
+                await self._forward(inst, scope, body, send, disconnected, method == "POST")
+            finally:
+                self.manager.release(inst)
+        finally:
+            disconnected.cancel()
+
+    async def _acquire(
+        self, inst: Instance, query: dict[str, list[str]], post: bool, disconnected: Any, keep: bool
+    ) -> None:
+        autoload = _autoload(query, self.manager.config.models_autoload)
+        if inst.status in ("loaded", "sleeping") and not inst.stopping:
+            self.manager._take(inst, post)
+        elif keep:  # a conversation's request survives a page reload during the load
+            await self.manager.acquire(inst, autoload, post)
+        else:
+            wait = asyncio.ensure_future(self.manager.acquire(inst, autoload, post))
+            await asyncio.wait({wait, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not wait.done():
+                wait.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await wait
+                raise asyncio.CancelledError
+            wait.result()
+        if self.manager.fake_timing:
+            await asyncio.sleep(2)
+
+    async def _forward(
+        self, inst: Instance, scope: Any, body: bytes, send: Any, disconnected: Any, post: bool
+    ) -> None:
+        if inst.entry.remote:
+            replica = pick_replica(inst)
+            if replica is None:
+                await send_error(
+                    send, 503, f"model name={inst.name} has no healthy replica", "unavailable_error"
+                )
+                return
+            base, key = replica.url, replica.key
+            replica.outstanding += 1
+        else:
+            if inst.child is None or not inst.running:
+                await send_error(send, 400, f"model name={inst.name} is not running", "invalid_request_error")
+                return
+            base, key, replica = inst.base_url, inst.key, None
+        try:
+            await self._relay(base, key, scope, body, send, disconnected)
+        finally:
+            if replica is not None:
+                replica.outstanding -= 1
+
+    async def _relay(
+        self, base: str, key: str, scope: Any, body: bytes, send: Any, disconnected: Any
+    ) -> None:
+        qs = scope.get("query_string", b"").decode("latin-1")
+        url = base + scope["path"] + ("?" + qs if qs else "")
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _DROP_REQUEST]
+        if key:
+            headers.append((b"authorization", b"Bearer " + key.encode()))
+        req = self.client.build_request(scope["method"], url, headers=headers, content=body or None)
+        task = asyncio.ensure_future(self._stream(req, send))
+        await asyncio.wait({task, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():  # client gone: closing our side of the child connection cancels the work there
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            return
+        task.result()
+
+    async def _stream(self, req: httpx.Request, send: Any) -> None:
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as e:
+            body = f"proxy error: {e or type(e).__name__}".encode()
+            await send(
+                {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]}
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        try:
+            out = [(k, v) for k, v in resp.headers.raw if k.lower() not in _DROP_RESPONSE]
+            out = [(k, v) for k, v in out if not k.lower().startswith(b"access-control-")]
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
+            sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+            try:
+                async for chunk in resp.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as e:
+                log.warning("the child's response broke off: %s", e or type(e).__name__)
+                if sse:
+                    err = {
+                        "error": {"code": 500, "message": "the model's process ended", "type": "server_error"}
+                    }
+                    await send(
+                        {"type": "http.response.body", "body": b"data: " + json.dumps(err).encode() + b"\n\n",
+                         "more_body": True}
+                    )  # fmt: skip
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await resp.aclose()
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def _multipart_field(body: bytes, field: str) -> str:
+    """A text field of a multipart/form-data body (the `model` of an audio transcription)."""
+    marker = f'name="{field}"'.encode()
+    i = body.find(marker)
+    if i < 0:
+        return ""
+    start = body.find(b"\r\n\r\n", i)
+    end = body.find(b"\r\n", start + 4)
+    return body[start + 4 : end].decode("utf-8", "replace").strip() if start >= 0 and end > 0 else ""

@@ -1,0 +1,155 @@
+"""Resumable streams through the router (streams-and-tools.md §1.10): the `conv_id -> model` map filled
+by forwarded POSTs carrying `X-Conversation-Id`, and `/v1/stream`, `/v1/streams/lookup`, `DELETE
+/v1/stream` resolved through it (exact ids only, no fan-out)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from litestar import Request, Response, delete, get, post
+from litestar.response import Stream
+
+__all__ = ["ConversationMap", "stream_routes"]
+
+JSON = "application/json; charset=utf-8"
+BUDGET = httpx.Timeout(0.25)  # the router's loopback lookup/stop calls
+_LOADING = frozenset({"loading", "downloading", "downloaded"})
+
+
+class ConversationMap:
+    """conv_id -> (model name, ticket). A newer registration or a forget makes older tickets stale."""
+
+    def __init__(self) -> None:
+        self._map: dict[str, tuple[str, int]] = {}
+        self._tickets = itertools.count(1)
+
+    def register(self, conv: str, model: str) -> int:
+        ticket = next(self._tickets)
+        self._map[conv] = (model, ticket)
+        return ticket
+
+    def current(self, conv: str, ticket: int) -> bool:
+        return self._map.get(conv, ("", 0))[1] == ticket
+
+    def owner(self, conv: str) -> str | None:
+        hit = self._map.get(conv)
+        return hit[0] if hit else None
+
+    def forget(self, conv: str) -> None:
+        self._map.pop(conv, None)
+
+
+def _error(code: int, message: str, kind: str) -> Response:
+    return Response(
+        {"error": {"code": code, "message": message, "type": kind}}, status_code=code, media_type=JSON
+    )
+
+
+def _owner(request: Request, conv: str) -> Any:
+    name = request.app.state.conversations.owner(conv)
+    return request.app.state.manager.resolve(name) if name else None
+
+
+def _child_headers(inst: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {inst.key}"} if inst.key else {}
+
+
+@get("/v1/stream")
+async def get_stream(request: Request) -> Response | Stream:
+    conv = request.query_params.get("conv_id") or ""
+    if not conv:
+        return _error(400, "Missing conversation id in path", "invalid_request_error")
+    inst = _owner(request, conv)
+    if inst is not None and inst.status in _LOADING:
+        return _error(503, "Stream owner model is loading, retry later", "unavailable_error")
+    if inst is None or inst.status != "loaded":
+        return _error(404, "Stream not found or expired", "not_found_error")
+    client: httpx.AsyncClient = request.app.state.client
+    params = {"conv_id": conv}
+    if "from" in request.query_params:
+        params["from"] = request.query_params["from"]
+    req = client.build_request(
+        "GET", inst.base_url + "/v1/stream", params=params, headers=_child_headers(inst)
+    )
+    try:
+        resp = await client.send(req, stream=True)
+    except httpx.HTTPError as e:
+        return Response(f"proxy error: {e}", status_code=500, media_type="text/plain")
+    if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+        body = await resp.aread()
+        await resp.aclose()
+        return Response(body, status_code=resp.status_code, media_type=resp.headers.get("content-type", JSON))
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        except httpx.HTTPError:
+            return
+        finally:
+            await resp.aclose()
+
+    return Stream(relay(), status_code=resp.status_code, media_type="text/event-stream")
+
+
+@post("/v1/streams/lookup", status_code=200)
+async def lookup_streams(request: Request) -> Response:
+    try:
+        data = json.loads(await request.body())
+    except ValueError:
+        return Response([], media_type=JSON)
+    ids = data.get("conversation_ids") if isinstance(data, dict) else None
+    groups: dict[str, list[str]] = {}
+    for conv in ids if isinstance(ids, list) else []:
+        if isinstance(conv, str) and conv:
+            inst = _owner(request, conv)
+            if inst is not None and inst.status == "loaded":
+                groups.setdefault(inst.name, []).append(conv)
+    client: httpx.AsyncClient = request.app.state.client
+    manager = request.app.state.manager
+
+    async def ask(name: str, convs: list[str]) -> list[Any]:
+        inst = manager.resolve(name)
+        try:
+            r = await client.post(
+                inst.base_url + "/v1/streams/lookup",
+                json={"conversation_ids": convs},
+                headers=_child_headers(inst),
+                timeout=BUDGET,
+            )
+            out = r.json()
+            return [e for e in out if isinstance(e, dict) and e.get("conversation_id") in convs]
+        except (httpx.HTTPError, ValueError, TypeError):
+            return []
+
+    parts = await asyncio.gather(*(ask(n, c) for n, c in groups.items()))
+    return Response([e for p in parts for e in p], media_type=JSON)
+
+
+@delete("/v1/stream", status_code=200)
+async def delete_stream(request: Request) -> Response:
+    conv = request.query_params.get("conv_id") or ""
+    if not conv:
+        return _error(400, "Missing conversation id in path", "invalid_request_error")
+    inst = _owner(request, conv)
+    request.app.state.conversations.forget(conv)  # also cancels a request still waiting for its model
+    if inst is not None and inst.child is not None:
+        client: httpx.AsyncClient = request.app.state.client
+        with contextlib.suppress(httpx.HTTPError):
+            await client.delete(
+                inst.base_url + "/v1/stream",
+                params={"conv_id": conv},
+                headers=_child_headers(inst),
+                timeout=BUDGET,
+            )
+    return Response(None, status_code=204, media_type=JSON)
+
+
+def stream_routes() -> list[Any]:
+    return [get_stream, lookup_streams, delete_stream]

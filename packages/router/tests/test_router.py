@@ -1,0 +1,149 @@
+"""A real router (`llama-server --models-dir`, router mode) with real llama-server children on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Router, start_router
+
+
+@pytest.fixture(scope="module")
+def router(models_dir: Path, cache_env: dict[str, str]) -> Iterator[Router]:
+    yield from start_router(
+        ["--models-dir", str(models_dir), "--models-max", "2", "--api-key", "sk-r"], cache_env, "sk-r"
+    )
+
+
+AUTH = {"Authorization": "Bearer sk-r"}
+
+
+def test_router_props_and_auth(router: Router) -> None:
+    assert router.http.get("/health").status_code == 200
+    assert router.http.get("/props").status_code == 401
+    props = router.http.get("/props", headers=AUTH).json()
+    assert props["role"] == "router" and props["max_instances"] == 2 and props["models_autoload"] is True
+    ids = {m["id"] for m in router.http.get("/models", headers=AUTH).json()["data"]}
+    assert ids == {"model-a", "model-b", "model-c"}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = router.http.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model name is missing from the request"
+    r = router.http.post("/v1/chat/completions", json={**body, "model": "nope"}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model 'nope' not found"
+    r = router.http.post("/models/load", json={"model": "nope"}, headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = router.http.post("/models/unload", json={"model": "nope"}, headers=AUTH)
+    assert r.status_code == 400
+
+
+def test_stream_sse_events_and_child_key(router: Router) -> None:
+    events: list[dict] = []
+    ready = threading.Event()
+
+    def listen() -> None:
+        with httpx.stream("GET", router.url + "/models/sse", headers=AUTH, timeout=60) as resp:
+            ready.set()
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if events[-1].get("data", {}).get("status") == "loaded":
+                        return
+
+    t = threading.Thread(target=listen, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    body = {
+        "model": "model-a",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    chunks = []
+    with router.http.stream("POST", "/v1/chat/completions", json=body, headers=AUTH) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    assert any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks)
+    t.join(30)
+    kinds = [(e["event"], e.get("data", {}).get("status")) for e in events if e["model"] == "model-a"]
+    assert kinds[0] == ("model_status", "loading") and ("status_change", "loaded") in kinds
+    item = next(m for m in router.http.get("/models", headers=AUTH).json()["data"] if m["id"] == "model-a")
+    assert item["status"]["value"] == "loaded" and item["meta"]["n_vocab"] > 0
+    port = item["status"]["args"][item["status"]["args"].index("--port") + 1]
+    # the child takes only the router's own key: nothing else on the machine can use it
+    assert httpx.post(f"http://127.0.0.1:{port}/tokenize", json={"content": "x"}).status_code == 401
+    assert not any(k in " ".join(item["status"]["args"]) for k in ("api-key", "sk-r"))
+    assert "sk-r" not in "".join(router.log)
+    r = router.http.post("/models/unload", json={"model": "model-a"}, headers=AUTH)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    router.wait_status("model-a", {"unloaded"})
+    item = next(m for m in router.http.get("/models", headers=AUTH).json()["data"] if m["id"] == "model-a")
+    assert "failed" not in item["status"]  # a graceful exit
+
+
+def test_no_autoload_query(router: Router) -> None:
+    r = router.http.post("/tokenize?autoload=false", json={"model": "model-b", "content": "x"}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model is not loaded"
+
+
+def test_child_killed_mid_stream(router: Router) -> None:
+    router.load("model-c", headers=AUTH)
+    item = next(m for m in router.http.get("/models", headers=AUTH).json()["data"] if m["id"] == "model-c")
+    port = int(item["status"]["args"][item["status"]["args"].index("--port") + 1])
+    pid = _pid_on_port(port)
+    body = {"model": "model-c", "prompt": "Once upon a time", "n_predict": 400, "stream": True}
+    lines = []
+    with router.http.stream("POST", "/completion", json=body, headers=AUTH) as resp:
+        for line in resp.iter_lines():
+            lines.append(line)
+            if len(lines) == 4:
+                os.kill(pid, signal.SIGKILL)
+    assert any(line.startswith("data: ") and '"error"' in line for line in lines)
+    router.wait_status("model-c", {"unloaded"})
+    item = next(m for m in router.http.get("/models", headers=AUTH).json()["data"] if m["id"] == "model-c")
+    assert item["status"]["failed"] is True and item["status"]["exit_code"] == -9
+    assert router.http.get("/health").status_code == 200  # the router lives on
+    r = router.http.post("/tokenize", json={"model": "model-c", "content": "again"}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["tokens"]  # respawned
+
+
+def _pid_on_port(port: int) -> int:
+    """The pid of the process listening on a loopback port (from /proc)."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        parts = line.split()
+        if parts[1].endswith(f":{port:04X}") and parts[3] == "0A":
+            inode = parts[9]
+    assert inode
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                for fd in (proc / "fd").iterdir():
+                    if os.readlink(fd) == f"socket:[{inode}]":
+                        return int(proc.name)
+            except OSError:
+                continue
+    raise AssertionError("no process owns the port")
+
+
+def test_models_max_evicts_lru(router: Router) -> None:
+    for m in ("model-a", "model-b"):
+        if router.status(m) != "loaded":
+            router.load(m, headers=AUTH)
+    if router.status("model-c") == "loaded":
+        router.http.post("/models/unload", json={"model": "model-c"}, headers=AUTH)
+        router.wait_status("model-c", {"unloaded"})
+        router.load("model-a", headers=AUTH) if router.status("model-a") != "loaded" else None
+    router.http.post("/tokenize", json={"model": "model-b", "content": "x"}, headers=AUTH)  # a is now LRU
+    time.sleep(0.05)
+    router.load("model-c", headers=AUTH)
+    router.wait_status("model-a", {"unloaded"})
+    assert router.status("model-b") == "loaded"
