@@ -63,7 +63,7 @@ class Router:
             if s in wanted:
                 return s
             time.sleep(0.05)
-        raise AssertionError(f"{model} never reached {wanted} (last: {s})")
+        raise AssertionError(f"{model} never reached {wanted} (last: {s}); log:\n" + "".join(self.log[-30:]))
 
     def load(self, model: str, **kw: object) -> None:
         r = self.http.post("/models/load", json={"model": model}, **kw)  # type: ignore[arg-type]
