@@ -33,6 +33,7 @@ PACKAGES: dict[str, list[str]] = {
     "webui": [],
     "tools": [],
     "server": ["gguf-io", "quant", "engine", "webui", "tools"],
+    "router": ["tools"],
 }
 # Packages with tests marked `parity` (they need the oracle below).
 PARITY: list[str] = ["quant", "engine"]
