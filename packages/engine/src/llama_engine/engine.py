@@ -25,6 +25,7 @@ from llama_quant.cpu import resolve_kernel_set
 from llama_quant.kernels import release_worker_threads
 
 from .arch import DecoderModel, load_model
+from .grammar.matcher import check_grammar_request
 from .handles import (
     Embed,
     EmbeddingHandle,
@@ -39,6 +40,7 @@ from .handles import (
 from .kv_cache import KVCacheFullError
 from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, TokenEvent
 from .scheduler import Scheduler, SlotState
+from .speculative import SpeculativeConfig, Speculator
 from .state_file import PoolState, SeqState, StateFileError, model_fingerprint, read_state, write_state
 from .tokenizer import Tokenizer
 from .warmup import warm_up
@@ -107,6 +109,8 @@ class EngineConfig:
     # while streams are generating, prompt and embedding chunks are sized from measured step times so a
     # step takes about this long (streams keep their pace beside a long prompt); 0: fill n_batch (llama.cpp)
     max_step_ms: float = 120.0
+    # speculative decoding (drafters, a draft model); None or no types: none
+    speculative: SpeculativeConfig | None = None
 
 
 class Engine:
@@ -149,6 +153,13 @@ class Engine:
             self.model.shift_k,
             self._wake,
         )
+        self.speculator: Speculator | None = None
+        spec = config.speculative
+        if spec is not None and spec.enabled:  # a draft model that does not fit the target fails here
+            self.speculator = Speculator(
+                spec, self.tokenizer, config.n_parallel, self.n_ctx, config.n_batch, self.kernels
+            )
+            self.scheduler.speculator = self.speculator
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._running = False
@@ -189,12 +200,16 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self.speculator is not None:
+            self.speculator.close()
 
     def warmup(self) -> None:
         """Make every kernel a request runs ready (a prompt chunk, a decode step, the default sampler
         chains): loaded from numba's cache, or first compiled in parallel processes that report progress
         (`llama_engine.warmup.warm_up`)."""
         warm_up(self)
+        if self.speculator is not None:
+            self.speculator.warmup()
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -204,6 +219,8 @@ class Engine:
         """Queue a generation. Raises QueueFullError when too many requests wait, ValueError when the
         prompt cannot fit the slot's context."""
         self._validate(req.prompt)
+        if req.sampling.grammar:  # a bad grammar is the caller's error (GrammarError), not the request's
+            check_grammar_request(req.sampling, self.model.config.n_vocab, self.scheduler.token_of)
         if req.max_tokens < -1:
             raise ValueError("max_tokens must be -1 (no limit), 0 (evaluate the prompt only) or positive")
         limit = self.config.n_parallel + self.config.max_queue

@@ -10,7 +10,8 @@ A new request takes the idle slot whose cached tokens share the longest prefix w
 also borrow a longer cached prefix from any other slot (`seq_cp`: the cells are shared, not recomputed).
 Embedding jobs take turns on one scratch sequence (`n_parallel`), so their cache use stays bounded by
 one slot's context. A request with DRY sampling waits in the queue, without stalling the others, while
-DRY's vocabulary table is built on a background thread (once, when the first such request arrives).
+DRY's vocabulary table is built on a background thread (once, when the first such request arrives);
+likewise a request with a grammar waits for the grammar's view of the vocabulary (its token trie).
 """
 
 from __future__ import annotations
@@ -22,20 +23,28 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from .embedding import EmbeddingJob
+from .grammar import GrammarError, GrammarStopError
+from .grammar.matcher import GrammarMatcher, request_matcher
+from .grammar.vocab import GrammarVocab
 from .handles import Embed, Generate, RequestCancelledError
 from .kv_cache import KVCache
 from .requests import FinalEvent, GenerationRequest, StopReason, Timings, TokenEvent, Usage
-from .sampling import DryVocab, Sampler
+from .sampling import DryVocab, Sampler, SamplingParams
 from .step import Step, StepBuilder, drafts_that_fit
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .speculative import Speculator
 
 __all__ = ["Emit", "Scheduler", "Slot", "SlotState", "build_dry_vocab"]
 
 Emit = Callable[[TokenEvent | FinalEvent], None]
+_Table = TypeVar("_Table")
 _NEVER = threading.Event()  # the cancel event of a slot with no request
 
 
@@ -62,6 +71,8 @@ class Slot:
     n_prompt: int = 0
     n_cached: int = 0
     n_generated: int = 0
+    n_drafted: int = 0  # drafted tokens verified for the current request
+    n_draft_accepted: int = 0  # of those, accepted
     held: str = ""  # text held back: it may be the start of a stop string
     cancelled: threading.Event = _NEVER  # the RequestHandle's
     arrival: float = 0.0  # when the request was submitted
@@ -88,8 +99,8 @@ def build_dry_vocab(tok: Tokenizer) -> DryVocab:
     )
 
 
-def _in_background(fn: Callable[[], DryVocab], name: str) -> Future[DryVocab]:
-    fut: Future[DryVocab] = Future()
+def _in_background(fn: Callable[[], _Table], name: str) -> Future[_Table]:
+    fut: Future[_Table] = Future()
 
     def run() -> None:
         try:
@@ -127,11 +138,13 @@ class Scheduler:
         self._shift_k = shift_k
         self._wake = wake  # called from another thread when something a waiting request needs is ready
         self._dry_vocab: Future[DryVocab] | None = None
+        self._grammar_vocab: Future[GrammarVocab] | None = None
         self._eog = sorted(tokenizer.eog_ids)
         self._builder = StepBuilder(n_parallel + 1, n_batch, n_ctx_slot)
         # prompt and embedding tokens a step may add to decode tokens (the engine sizes it from measured
         # step times, so streams keep a steady pace beside a long prompt); n_batch: no bound
         self.prefill_cap = n_batch
+        self.speculator: Speculator | None = None  # drafts for generating slots (speculative decoding)
 
     # -- admission ---------------------------------------------------------------------------------------
 
@@ -141,9 +154,17 @@ class Scheduler:
         the loop is woken when it is ready)."""
         if self.embeddings or any(s.state != SlotState.IDLE for s in self.slots):
             return True
-        table = self._dry_vocab
-        dry_pending = table is None or not table.done()  # None: its build starts at admission
-        return any(m.request.sampling.dry_multiplier == 0 or not dry_pending for m in self.waiting)
+        return any(self._tables_ready(m.request.sampling) for m in self.waiting)
+
+    def _tables_ready(self, p: SamplingParams) -> bool:
+        """Whether the vocabulary tables a request needs are built (None: built when it is admitted)."""
+        for needed, table in (
+            (p.dry_multiplier != 0, self._dry_vocab),
+            (bool(p.grammar), self._grammar_vocab),
+        ):
+            if needed and (table is None or not table.done()):
+                return False
+        return True
 
     def add(self, msg: Generate | Embed) -> None:
         """Queue a generation (admitted to a slot by `admit`) or an embedding job."""
@@ -168,11 +189,23 @@ class Scheduler:
             if isinstance(dry, BaseException):
                 msg.handle._emit(self._final(None, req, StopReason.ERROR, error=f"DRY: {dry}"))
                 continue
+            grammar = self._grammar_ready() if req.sampling.grammar else None
+            if grammar is False:
+                still.append(msg)
+                continue
+            if isinstance(grammar, BaseException):
+                msg.handle._emit(self._final(None, req, StopReason.ERROR, error=f"grammar: {grammar}"))
+                continue
             slot = self._pick_slot(req)
             if slot is None:
                 still.append(msg)
                 continue
-            self._start(slot, msg)
+            try:
+                matcher = self._matcher(req.sampling)
+            except (GrammarError, ValueError) as e:
+                msg.handle._emit(self._final(None, req, StopReason.ERROR, error=str(e)))
+                continue
+            self._start(slot, msg, matcher)
         self.waiting = still
 
     def set_dry_vocab(self, table: Future[DryVocab]) -> None:
@@ -189,6 +222,36 @@ class Scheduler:
             return False
         return self._dry_vocab.exception() or True
 
+    def _grammar_ready(self) -> bool | BaseException:
+        """Whether the grammar's vocabulary trie is ready (built off this thread on first use)."""
+        if self._grammar_vocab is None:
+            self._grammar_vocab = _in_background(
+                lambda: GrammarVocab.from_tokenizer(self.tokenizer), "llama-grammar-vocab"
+            )
+            self._grammar_vocab.add_done_callback(lambda _: self._wake())
+        if not self._grammar_vocab.done():
+            return False
+        return self._grammar_vocab.exception() or True
+
+    def _matcher(self, p: SamplingParams) -> GrammarMatcher | None:
+        """A new grammar state for a request (each request starts its grammar afresh)."""
+        if not p.grammar:
+            return None
+        assert self._grammar_vocab is not None
+        return request_matcher(
+            p.grammar,
+            self._grammar_vocab.result(),
+            lazy=p.grammar_lazy,
+            triggers=p.grammar_triggers,
+            prefill=p.grammar_prefill,
+            token_id=self.token_of,
+        )
+
+    def token_of(self, text: str) -> int | None:
+        """The one token that ``text`` (special tokens parsed) is, or None (grammar ``<name>``)."""
+        ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
+        return ids[0] if len(ids) == 1 else None
+
     def _pick_slot(self, req: GenerationRequest) -> Slot | None:
         if req.slot >= 0:
             s = self.slots[req.slot]
@@ -198,7 +261,7 @@ class Scheduler:
             return None
         return max(idle, key=lambda s: (_common_prefix(s.tokens, req.prompt), -s.last_used))
 
-    def _start(self, slot: Slot, msg: Generate) -> None:
+    def _start(self, slot: Slot, msg: Generate, grammar: GrammarMatcher | None = None) -> None:
         req = msg.request
         prompt = req.prompt
         slot.request, slot.emit, slot.cancelled = req, msg.handle._emit, msg.handle.cancelled
@@ -206,6 +269,7 @@ class Scheduler:
         slot.arrival, slot.t_start = msg.arrival, time.perf_counter()
         slot.n_prompt = len(prompt)
         slot.n_generated, slot.held, slot.next_token, slot.drafts = 0, "", -1, []
+        slot.n_drafted = slot.n_draft_accepted = 0
         reused = self._reuse_prefix(slot, prompt) if req.cache_prompt else 0
         if not req.cache_prompt:
             self.kv.seq_rm(slot.id)
@@ -213,7 +277,9 @@ class Scheduler:
         slot.n_cached = reused
         params = req.sampling
         vocab = self._dry_vocab.result() if params.dry_multiplier != 0 and self._dry_vocab else None
-        slot.sampler = Sampler(params, self.n_vocab, vocab=vocab, eog_tokens=self._eog, n_ctx=self.n_ctx_slot)
+        slot.sampler = Sampler(
+            params, self.n_vocab, vocab=vocab, eog_tokens=self._eog, n_ctx=self.n_ctx_slot, grammar=grammar
+        )
         slot.sampler.accept_many(prompt)
         slot.detok = self.tokenizer.streaming()
         slot.state = SlotState.PROMPT
@@ -244,6 +310,8 @@ class Scheduler:
         """This step's plan under the budget: decode tokens first, then prompt and embedding chunks
         (oldest first). None when there is nothing to run. Cancellations are honoured here."""
         self._drop_cancelled()
+        if self.speculator is not None:  # every generating slot's draft, in one batch of drafting work
+            self.speculator.propose(self.slots, self.n_ctx_slot)
         b = self._builder
         b.begin()
         for s in self.slots:
@@ -337,16 +405,25 @@ class Scheduler:
 
     def _decoded(self, s: Slot, logits: np.ndarray, o: int, drafts: list[int]) -> None:
         """Sample the decode token's row; each draft that equals the token sampled before it is kept
-        (its cell already holds it) and its row sampled in turn, as plain decoding would have."""
+        (its cell already holds it) and its row sampled in turn, as plain decoding would have. A
+        speculator's chooser (rejection sampling, synthetic acceptance) may pick the tokens instead."""
         s.tokens.append(s.next_token)
-        for i in range(len(drafts) + 1):
-            self._advance(s, logits[o + i])
-            if s.state != SlotState.GENERATE or i == len(drafts) or s.next_token != drafts[i]:
+        k, n_acc = len(drafts), 0
+        choose = self.speculator.chooser(s, k) if self.speculator is not None else None
+        s.n_drafted += k  # counted before a token is emitted: the final event's timings include them
+        for i in range(k + 1):
+            token, keep = choose(s.sampler, logits[o + i], drafts, i) if choose and i < k else (-1, True)
+            self._advance(s, logits[o + i], token)
+            if s.state != SlotState.GENERATE or i == k or not keep or s.next_token != drafts[i]:
                 break
             s.tokens.append(drafts[i])
+            n_acc += 1
+            s.n_draft_accepted += 1
         if drafts:
             s.drafts = []
             self.kv.seq_rm(s.id, len(s.tokens))  # the cells of rejected drafts
+            if self.speculator is not None:
+                self.speculator.accepted(s.id, k, n_acc)
 
     def undo(self, step: Step) -> None:
         """The forward pass failed: forget the cells the step placed."""
@@ -359,21 +436,32 @@ class Scheduler:
             self.kv.seq_rm(self.embd_seq)
         job.handle._deliver(result)
 
-    def _advance(self, s: Slot, row: np.ndarray) -> None:
+    def _advance(self, s: Slot, row: np.ndarray, token: int = -1) -> None:
+        """Sample the row (or take `token`, a verifier's choice), emit it, check the stop conditions."""
         req, sampler = s.request, s.sampler
         assert req is not None and sampler is not None and s.emit is not None
         n_probs = req.sampling.n_probs
-        if n_probs > 0:
-            tp = sampler.sample_with_probs(row, n_probs, req.post_sampling_probs)
-            token, prob, top = tp.token, tp.prob, tp.top
-        else:
-            token, prob, top = sampler.sample(row), 0.0, []
-        sampler.accept(token)
+        try:
+            if token >= 0:
+                prob, top = 0.0, []  # llama.cpp: speculatively accepted tokens carry no probabilities
+            elif n_probs > 0:
+                tp = sampler.sample_with_probs(row, n_probs, req.post_sampling_probs)
+                token, prob, top = tp.token, tp.prob, tp.top
+            else:
+                token, prob, top = sampler.sample(row), 0.0, []
+            sampler.accept(token)
+        except GrammarStopError as e:  # the grammar's text is complete (or can go no further)
+            self._finish(s, StopReason.EOS) if e.complete else self.fail(s, f"grammar: {e}")
+            return
+        except GrammarError as e:
+            self.fail(s, f"grammar: {e}")
+            return
         s.n_generated += 1
         if self.tokenizer.is_eog(token) and not req.sampling.ignore_eos:
             self._finish(s, StopReason.EOS)
             return
-        text = s.held + s.detok.feed(token)  # type: ignore[attr-defined]
+        preserved = token in req.sampling.preserved_tokens  # a special token whose text is output
+        text = s.held + s.detok.feed(token, True if preserved else None)  # type: ignore[attr-defined]
         emit_text, held, stop_word = _split_stop(text, req.stop)
         s.held = held
         timings = self._timings(s, time.perf_counter()) if req.timings_per_token else None
@@ -402,6 +490,8 @@ class Scheduler:
         self.kv.seq_rm(s.id, n_keep, n_keep + n_discard)
         self.kv.seq_add(s.id, n_keep + n_discard, n_past, -n_discard, self._shift_k)
         s.tokens = s.tokens[:n_keep] + s.tokens[n_keep + n_discard :]
+        if self.speculator is not None:
+            self.speculator.shifted(s.id, n_keep, n_discard, n_past)
         return True
 
     # -- endings -----------------------------------------------------------------------------------------
@@ -483,7 +573,10 @@ class Scheduler:
     def _timings(s: Slot, now: float) -> Timings:
         t_prompt = (s.t_prompt_done or now) - s.t_start
         t_gen = now - s.t_prompt_done if s.t_prompt_done else 0.0
-        return Timings(s.n_prompt - s.n_cached, t_prompt * 1e3, s.n_generated, t_gen * 1e3, s.n_cached)
+        n_prompt, n_gen = s.n_prompt - s.n_cached, s.n_generated
+        return Timings(
+            n_prompt, t_prompt * 1e3, n_gen, t_gen * 1e3, s.n_cached, s.n_drafted, s.n_draft_accepted
+        )
 
 
 def _split_stop(text: str, stops: list[str]) -> tuple[str, str, str]:

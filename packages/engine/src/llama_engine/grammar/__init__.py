@@ -11,7 +11,7 @@ per-sequence state (llama.cpp's ``llama_grammar`` stacks) and ``TokenTrie`` the 
 structure that checks every token against it at once.
 """
 
-from .elements import Element, ElementType, Grammar, GrammarError
+from .elements import Element, ElementType, Grammar, GrammarError, GrammarStopError
 from .parser import MAX_ELEMENTS, MAX_NESTING, MAX_REPETITION_THRESHOLD, bind_tokens, parse_grammar
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "ElementType",
     "Grammar",
     "GrammarError",
+    "GrammarStopError",
     "bind_tokens",
     "parse_grammar",
 ]

@@ -14,6 +14,7 @@ __all__ = [
     "ElementType",
     "Grammar",
     "GrammarError",
+    "GrammarStopError",
 ]
 
 
@@ -26,6 +27,16 @@ class GrammarError(ValueError):
         self.offset = offset
         self.line = line
         self.column = column
+
+
+class GrammarStopError(RuntimeError):
+    """The grammar allows no token that the sampler may choose. ``complete``: the text so far is a
+    whole sentence of the grammar (the generation can end there, as at an end-of-generation token)."""
+
+    def __init__(self, complete: bool) -> None:
+        what = "the grammar is complete" if complete else "the grammar allows no token that can be sampled"
+        super().__init__(what)
+        self.complete = complete
 
 
 class ElementType(enum.IntEnum):

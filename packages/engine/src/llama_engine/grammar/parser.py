@@ -8,6 +8,7 @@ clear error instead of a crash or a runaway allocation.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from .elements import Element, ElementType, Grammar, GrammarError
@@ -28,8 +29,15 @@ _HEX = {"x": 2, "u": 4, "U": 8}
 _NO_MAX = -1
 
 
+_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+_NAME = re.compile(r"[a-zA-Z0-9-]*")
+_SPACE = re.compile(r"(?:[ \t]|#[^\r\n\0]*)*")
+_SPACE_NL = re.compile(r"(?:[ \t\r\n]|#[^\r\n\0]*)*")
+_REPEAT = {"*": (0, -1), "+": (1, -1), "?": (0, 1)}
+
+
 def _is_word(c: str) -> bool:
-    return ("a" <= c <= "z") or ("A" <= c <= "Z") or ("0" <= c <= "9") or c == "-"
+    return c in _WORD
 
 
 class _Fail(Exception):
@@ -59,21 +67,12 @@ class _Parser:
         return _Fail(f"{what} at {self.at(pos)}", pos)
 
     def space(self, pos: int, newline_ok: bool) -> int:
-        s = self.src
-        while True:
-            c = s[pos]
-            if c == " " or c == "\t" or (newline_ok and (c == "\r" or c == "\n")):
-                pos += 1
-            elif c == "#":
-                while s[pos] not in "\r\n\0":
-                    pos += 1
-            else:
-                return pos
+        m = (_SPACE_NL if newline_ok else _SPACE).match(self.src, pos)
+        return m.end() if m else pos
 
     def name_end(self, pos: int) -> int:
-        end = pos
-        while _is_word(self.src[end]):
-            end += 1
+        m = _NAME.match(self.src, pos)
+        end = m.end() if m else pos
         if end == pos:
             raise self.fail("expecting name", pos)
         return end
@@ -217,7 +216,7 @@ class _Parser:
                 rule.append((_T.CHAR_ANY, 0))
                 pos += 1
             elif c in "*+?":
-                lo, hi = {"*": (0, _NO_MAX), "+": (1, _NO_MAX), "?": (0, 1)}[c]
+                lo, hi = _REPEAT[c]
                 pos = self.space(pos + 1, nested)
                 self.repeat(pos, name, rule, st, lo, hi)
                 continue

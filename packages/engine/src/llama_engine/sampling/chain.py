@@ -16,6 +16,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ..grammar.elements import GrammarStopError
+from ..grammar.matcher import GrammarMatcher
 from . import samplers as s
 from .dry import DryVocab
 from .params import SamplingParams
@@ -39,6 +41,11 @@ class Sampler:
     ``suppress_tokens`` (GGUF ``tokenizer.ggml.suppress_tokens``) are always banned; ``n_ctx``
     resolves ``repeat_last_n`` / ``dry_penalty_last_n`` = -1. Like the llama.cpp server, feed the
     prompt through ``accept_many`` before the first ``sample``. Not thread-safe.
+
+    ``grammar`` constrains the output as common_sampler_sample: the chain samples, the token is
+    checked against the grammar, and only when the grammar rejects it are the logits masked by the
+    grammar and the chain run again. ``accept`` advances the grammar too (not ``accept_many``: the
+    prompt is not part of the grammar's text).
     """
 
     def __init__(
@@ -50,6 +57,7 @@ class Sampler:
         eog_tokens: Sequence[int] = (),
         suppress_tokens: Sequence[int] = (),
         n_ctx: int = 0,
+        grammar: GrammarMatcher | None = None,
     ) -> None:
         params.validate()
         if n_vocab <= 0:
@@ -61,6 +69,8 @@ class Sampler:
         self._chain = _build_chain(params, n_vocab, vocab, eog_tokens, suppress_tokens, n_ctx)
         self._stateful = [x for x in self._chain if type(x).accept is not s._Sampler.accept]
         self._one = np.empty(1, dtype=np.int32)
+        self.grammar = grammar
+        self._usable = _not_banned(params, n_vocab, eog_tokens, suppress_tokens) if grammar else None
 
     @property
     def seed(self) -> int:
@@ -70,12 +80,27 @@ class Sampler:
         return last.seed_cur
 
     def sample(self, logits: np.ndarray) -> int:
-        """Run the chain on one row of logits (float32[n_vocab]) and return the chosen token id."""
-        c = self._cand
+        """Run the chain on one row of logits (float32[n_vocab]) and return the chosen token id.
+
+        With a grammar, raises GrammarStopError when the grammar leaves no token to choose."""
         if logits.shape != (self.n_vocab,):
             raise ValueError(f"logits must have shape ({self.n_vocab},), got {logits.shape}")
+        token = self._run(logits, None)
+        g = self.grammar
+        if g is None or g.allows(token):
+            return token
+        allowed = g.allowed()
+        assert allowed is not None and self._usable is not None  # allows() is True while awaiting
+        if not np.any(allowed & self._usable):
+            raise GrammarStopError(g.can_end)
+        return self._run(logits, allowed)
+
+    def _run(self, logits: np.ndarray, allowed: np.ndarray | None) -> int:
+        c = self._cand
         np.copyto(c.ids, self._arange)
         np.copyto(c.logits, logits, casting="same_kind")
+        if allowed is not None:  # llama_grammar_apply_impl: rejected candidates get -inf
+            np.copyto(c.logits, np.float32(-np.inf), where=~allowed)
         c.n, c.is_sorted, c.selected, c.identity = self.n_vocab, False, -1, True
         for smpl in self._chain:
             smpl.apply(c)
@@ -114,7 +139,11 @@ class Sampler:
         return ids[order], probs[order]
 
     def accept(self, token: int) -> None:
-        """Record a token emitted for this sequence (repetition penalties and DRY history)."""
+        """Record a token emitted for this sequence (the grammar, repetition penalties and DRY history).
+
+        Raises GrammarError when the grammar cannot take the token."""
+        if self.grammar is not None:
+            self.grammar.accept(token)
         self._one[0] = token
         for smpl in self._stateful:
             smpl.accept(self._one)
@@ -132,6 +161,8 @@ class Sampler:
         """Forget the history and reseed (a new random seed when params.seed is the default)."""
         for smpl in self._chain:
             smpl.reset()
+        if self.grammar is not None:
+            self.grammar.reset()
 
 
 def _build_chain(
@@ -170,6 +201,20 @@ def _build_chain(
             chain.append(smpl)
     chain.append(s.Dist(seed))
     return chain
+
+
+def _not_banned(
+    p: SamplingParams, n_vocab: int, eog_tokens: Sequence[int], suppress_tokens: Sequence[int]
+) -> np.ndarray:
+    """Tokens the chain's logit biases leave choosable (a -inf bias bans; so do ignore_eos and the
+    model's suppressed tokens): a grammar that allows none of them has nothing left to give."""
+    usable = np.ones(n_vocab, dtype=bool)
+    banned = [t for t, b in p.logit_bias if b == -math.inf] + list(suppress_tokens)
+    if p.ignore_eos:
+        banned += list(eog_tokens)
+    banned = [t for t in banned if 0 <= t < n_vocab]
+    usable[banned] = False
+    return usable
 
 
 def _last_n(name: str, value: int, n_ctx: int) -> int:

@@ -166,9 +166,11 @@ class StreamingDetokenizer:
         self.special = special
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def feed(self, token_id: int) -> str:
-        """The text completed by this token (possibly empty)."""
-        return self._decoder.decode(self._tokenizer.token_to_piece(token_id, self.special))
+    def feed(self, token_id: int, special: bool | None = None) -> str:
+        """The text completed by this token (possibly empty); ``special`` overrides the stream's setting
+        for this token (a preserved special token's text is output)."""
+        render = self.special if special is None else special
+        return self._decoder.decode(self._tokenizer.token_to_piece(token_id, render))
 
     def flush(self) -> str:
         """Whatever is held back, with an unfinished sequence as U+FFFD; the stream can then be reused."""
