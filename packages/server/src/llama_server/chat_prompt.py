@@ -56,12 +56,7 @@ def validate_chat(body: ChatBody, jinja: bool) -> list[dict[str, Any]]:
         raise ApiError("'messages' is required")
     if body.response_format is not None:
         kind = body.response_format.type
-        if kind in ("json_object", "json_schema"):
-            raise ApiError(
-                f"response_format {kind!r} needs constrained decoding, which this server does not support yet",
-                "not_supported_error",
-            )
-        if kind != "text":
+        if kind not in ("text", "json_object", "json_schema"):
             raise ApiError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
     if body.json_schema is not None and body.grammar:
         raise ApiError("Cannot use both json_schema and grammar", "server_error")

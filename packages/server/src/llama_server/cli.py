@@ -28,6 +28,7 @@ from llama_engine.kv_cache import KV_TYPES
 from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
+from .structured import default_grammar
 
 __all__ = ["build_config", "main", "serve"]
 
@@ -262,6 +263,14 @@ def _opts(f: Any) -> Any:
         o("--sampler-seq", "--sampling-seq", "sampler_seq", help="Sampler letters, e.g. edskypmxt."),
         o("--ignore-eos", is_flag=True),
         o("-l", "--logit-bias", multiple=True, help="TOKEN(+/-)BIAS, e.g. 15043+1."),
+        o("--grammar", help="Default GBNF grammar for generation."),
+        o(
+            "--grammar-file",
+            type=click.Path(exists=True, dir_okay=False),
+            help="File holding the default grammar.",
+        ),
+        o("-j", "--json-schema", help="Default JSON schema (as JSON text) for generation."),
+        o("-jf", "--json-schema-file", type=click.Path(exists=True, dir_okay=False), help="File holding it."),
         # logging
         o("--log-disable", is_flag=True),
         o("--log-file", envvar="LLAMA_ARG_LOG_FILE"),
@@ -407,6 +416,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
             seed=0xFFFFFFFF if kw["seed"] == -1 else kw["seed"],
             ignore_eos=kw["ignore_eos"],
             logit_bias=_logit_bias(kw["logit_bias"]),
+            grammar=default_grammar(kw),
             **_samplers_kw(samplers),
         ).validate()
     except ValueError as e:

@@ -19,6 +19,7 @@ from llama_engine.tokenizer import Tokenizer
 from .config import ServerConfig
 from .errors import ApiError
 from .schemas import MAX_BIAS_TEXT_CHARS, GenParams, bias_pairs, bias_text_keys, token_id
+from .structured import GrammarFields, grammar_fields
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -139,13 +140,12 @@ def build_request(
     n_probs: int | None = None,
     seed_offset: int = 0,
     bias: Bias | None = None,
+    grammar: GrammarFields | None = None,
 ) -> GenerationRequest:
     """One engine request from the parameters and one tokenized prompt."""
-    if p.grammar or p.json_schema is not None:
-        raise ApiError(
-            "Grammars and JSON schemas are not supported by this server yet", "not_supported_error"
-        )
     sp = sampling_params(p, cfg, tok, n_probs, bias)
+    if grammar is not None:
+        sp = msgspec.structs.replace(sp, **msgspec.structs.asdict(grammar))
     if seed_offset and sp.seed != 0xFFFFFFFF:
         sp = msgspec.structs.replace(sp, seed=(sp.seed + seed_offset) & 0xFFFFFFFF)
     slot = _pick(p.id_slot, -1)
@@ -173,6 +173,9 @@ async def build_requests(
     n_slots = cfg.n_parallel
     n = p.n_choices(n_slots)
     bias = await resolve_logit_bias(state, p.logit_bias)
+    grammar = await grammar_fields(state, p)
     return [
-        build_request(p, prompt, cfg, tok, n_slots, n_probs, i, bias) for prompt in prompts for i in range(n)
+        build_request(p, prompt, cfg, tok, n_slots, n_probs, i, bias, grammar)
+        for prompt in prompts
+        for i in range(n)
     ]

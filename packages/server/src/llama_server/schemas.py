@@ -30,6 +30,7 @@ __all__ = [
     "EmbeddingBody",
     "Float",
     "GenParams",
+    "GrammarTriggerBody",
     "InfillBody",
     "InfillExtra",
     "Int32",
@@ -100,6 +101,14 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+class GrammarTriggerBody(msgspec.Struct, kw_only=True):
+    """One of `grammar_triggers`: type 0 token, 1 word, 2 pattern, 3 pattern_full."""
+
+    type: Annotated[int, msgspec.Meta(ge=0, le=3)]
+    value: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    token: Int32 | None = None
+
+
 class GenParams(msgspec.Struct, kw_only=True):
     """The generation fields (endpoints.md §2.1) shared by /completion, /v1/completions and chat."""
 
@@ -147,6 +156,11 @@ class GenParams(msgspec.Struct, kw_only=True):
     samplers: SamplerNames | str | None = None
     grammar: str | None = None
     json_schema: Any = None
+    grammar_lazy: bool | None = None
+    grammar_triggers: Annotated[list[GrammarTriggerBody], msgspec.Meta(max_length=256)] | None = None
+    preserved_tokens: (
+        Annotated[list[Annotated[str, msgspec.Meta(max_length=256)]], msgspec.Meta(max_length=1024)] | None
+    ) = None
     cache_prompt: bool | None = None
     id_slot: MinusOneUp | None = None
     return_tokens: bool | None = None

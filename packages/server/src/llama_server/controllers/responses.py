@@ -13,6 +13,7 @@ from ..errors import ApiError
 from ..formats import ResponsesFormatter
 from ..schemas import ChatBody, ResponsesBody
 from ..streaming import respond
+from ..structured import text_format_to_response_format
 from ._common import SharedState, json_response, now, unless_disconnected
 from .chat import prepare_chat
 
@@ -33,6 +34,9 @@ _PASSED_THROUGH = (
     "repeat_penalty",
     "presence_penalty",
     "frequency_penalty",
+    "grammar",
+    "json_schema",
+    "response_format",
 )
 
 
@@ -124,6 +128,8 @@ def to_chat(body: ResponsesBody, raw: dict[str, Any]) -> ChatBody:
                 fn.setdefault("strict", True)
                 tools.append({"type": "function", "function": fn})
         chat["tools"] = tools or None
+    if "text" in raw:
+        chat["response_format"] = text_format_to_response_format(raw["text"]) or chat.get("response_format")
     if body.max_output_tokens is not None:
         chat["max_tokens"] = body.max_output_tokens
     if body.reasoning and isinstance(body.reasoning.get("effort"), str):
