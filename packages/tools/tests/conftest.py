@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import pytest
-
 from llama_tools.builtin import BUILTIN_TOOLS, make_io
 
 

@@ -7,13 +7,16 @@ handshake (a server that fails to start).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("test")
+logging.disable(logging.CRITICAL)  # its rich log handler takes seconds to render a first record
 calls = {"n": 0}
 
 
@@ -31,8 +34,8 @@ def add(a: float, b: float) -> str:
 
 @server.tool()
 def fail(message: str) -> str:
-    """Always fails with the message."""
-    raise ValueError(message)
+    """Always fails with the message (a tool error: `isError` in the result)."""
+    raise ToolError(message)
 
 
 @server.tool()

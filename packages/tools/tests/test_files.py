@@ -7,15 +7,18 @@ import os
 
 import pytest
 from conftest import call
-
 from llama_tools.builtin import ParamError
 from llama_tools.builtin.files import READ_MAX, apply_edits, fuzzy_normalize
 
 
 def test_read_file_lines_and_append_loc(tmp_path):
     (tmp_path / "a.txt").write_text("one\ntwo\nthree")
-    assert call("read_file", {"path": "a.txt"}, cwd=str(tmp_path)) == {"plain_text_response": "one\ntwo\nthree\n"}
-    res = call("read_file", {"path": str(tmp_path / "a.txt"), "start_line": 2, "end_line": 3, "append_loc": True})
+    assert call("read_file", {"path": "a.txt"}, cwd=str(tmp_path)) == {
+        "plain_text_response": "one\ntwo\nthree\n"
+    }
+    res = call(
+        "read_file", {"path": str(tmp_path / "a.txt"), "start_line": 2, "end_line": 3, "append_loc": True}
+    )
     assert res["plain_text_response"] == "2\u2192two\n3\u2192three\n"
 
 
@@ -34,7 +37,9 @@ def test_read_file_too_large_needs_a_range(tmp_path):
 
 
 def test_read_file_errors_and_base64(tmp_path):
-    assert call("read_file", {"path": str(tmp_path / "nope")}) == {"error": f"cannot stat file: {tmp_path}/nope"}
+    assert call("read_file", {"path": str(tmp_path / "nope")}) == {
+        "error": f"cannot stat file: {tmp_path}/nope"
+    }
     blob = bytes(range(256)) * 3
     (tmp_path / "b.bin").write_bytes(blob)
     res = call("read_file", {"path": "b.bin", "resp_type": "base64"}, cwd=str(tmp_path))
@@ -92,7 +97,13 @@ def _edit(path, edits):
 def test_edit_file_exact_and_errors(tmp_path):
     f = tmp_path / "t.log"
     f.write_text("line1\nline2\nline3\n")
-    res = _edit(f, [{"old_text": "line2", "new_text": "line2-edited"}, {"old_text": "line3\n", "new_text": "line3\nline4\n"}])
+    res = _edit(
+        f,
+        [
+            {"old_text": "line2", "new_text": "line2-edited"},
+            {"old_text": "line3\n", "new_text": "line3\nline4\n"},
+        ],
+    )
     assert res == {"result": "file edited successfully", "path": str(f), "edits_applied": 2}
     assert f.read_text() == "line1\nline2-edited\nline3\nline4\n"
     assert _edit(f, []) == {"error": '"edits" must be a non-empty array'}
@@ -108,7 +119,9 @@ def test_edit_file_exact_and_errors(tmp_path):
         "error": f"found 2 occurrences of edits[0].old_text in {f}, it must be unique"
     }
     f.write_text("line1\nline2\n")
-    assert _edit(f, [{"old_text": "line1\nline2", "new_text": "a"}, {"old_text": "line2", "new_text": "b"}]) == {
+    assert _edit(
+        f, [{"old_text": "line1\nline2", "new_text": "a"}, {"old_text": "line2", "new_text": "b"}]
+    ) == {
         "error": f"edits[0] and edits[1] overlap in {f}; merge them into one edit or target disjoint regions"
     }
     with pytest.raises(ParamError):

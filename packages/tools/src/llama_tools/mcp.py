@@ -113,6 +113,9 @@ class _Server:
         self.owner = asyncio.ensure_future(self._own(ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), timeout)
+        except TimeoutError:  # an OSError too, since Python 3.11: not a spawn failure
+            await self.close()
+            raise
         except OSError as e:
             self.cooldown_until = time.monotonic() + SPAWN_COOLDOWN
             log.warning("MCP server %s failed to start: %s", self.spec.name, e)
@@ -128,6 +131,8 @@ class _Server:
         if owner is None:
             return
         self.release.set()
+        if self.session is None:
+            owner.cancel()  # still spawning or handshaking: nothing to wind down politely
         try:
             await asyncio.wait_for(asyncio.shield(owner), 3)
         except (TimeoutError, asyncio.CancelledError):
@@ -195,7 +200,8 @@ class McpHub:
     ) -> dict[str, Any]:
         async with server.lock:
             try:
-                session = await server.connect(timeout)
+                # spawning and the handshake get the warm-up bound; `timeout_ms` is for the call itself
+                session = await server.connect(max(timeout, WARMUP_TIMEOUT))
             except _Unavailable:
                 return {"error": f"MCP server unavailable: {server.spec.name}"}
             except TimeoutError:

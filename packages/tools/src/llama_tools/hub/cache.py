@@ -59,12 +59,26 @@ def _snapshot_files(folder: Path) -> list[tuple[str, Path]]:
     return out
 
 
+def _url_files(base: Path) -> dict[str, CachedModel]:
+    """Models downloaded from a plain URL: `<cache>/<name>.gguf` (first part of a split model), named
+    by the file name without `.gguf` and part suffix; `repo` and `tag` are empty."""
+    found: dict[str, CachedModel] = {}
+    for f in sorted(base.glob("*.gguf")):
+        info = split_info(f.name)
+        if info is None or info.index != 1 or any(k in f.name for k in COMPANION_MARKERS):
+            continue
+        if f.is_file() and info.prefix not in found:
+            found[info.prefix] = CachedModel(info.prefix, "", "", f, None)
+    return found
+
+
 def list_cached(root: Path | None = None) -> list[CachedModel]:
-    """Every `user/repo:TAG` with a complete first shard in the cache, sorted by name."""
+    """Every `user/repo:TAG` with a complete first shard in the cache, and every model downloaded from
+    a plain URL, sorted by name."""
     base = root or cache_dir()
     if not base.is_dir():
         return []
-    found: dict[str, CachedModel] = {}
+    found: dict[str, CachedModel] = _url_files(base)
     for folder in sorted(base.glob("models--*--*")):
         repo = folder.name[len("models--") :].replace("--", "/")
         if not valid_repo_id(repo):
@@ -106,7 +120,10 @@ def resolve_cached(spec: str, root: Path | None = None) -> CachedModel | None:
 
 def remove_cached(spec: str, root: Path | None = None) -> bool:
     """Delete a cached `user/repo:TAG` (its files of that tag, and the repo folder once empty of models);
-    without a tag the whole repository. True when something was removed."""
+    without a tag the whole repository; a name without `/` is a URL download. True when something was
+    removed."""
+    if "/" not in spec:
+        return _remove_url_file(spec, root or cache_dir())
     repo, tag = split_spec(spec)
     folder = repo_dir(repo, root)
     if not folder.is_dir():
@@ -126,3 +143,14 @@ def remove_cached(spec: str, root: Path | None = None) -> bool:
     if removed and not any(split_info(r) for r, _ in _snapshot_files(folder)):
         shutil.rmtree(folder, ignore_errors=True)
     return removed
+
+
+def _remove_url_file(name: str, base: Path) -> bool:
+    hit = _url_files(base).get(name) if base.is_dir() else None
+    if hit is None:
+        return False
+    for f in base.glob("*.gguf"):
+        info = split_info(f.name)
+        if info is not None and info.prefix == name:
+            f.unlink(missing_ok=True)
+    return True
