@@ -19,6 +19,7 @@ from llama_engine.warmup import warm_sampling
 
 from .config import ServerConfig
 from .prompts import max_piece_chars
+from .resumable import SessionStore
 from .template import BUILTIN_TEMPLATES, CHATML, ChatTemplate
 
 __all__ = ["DRAIN_MESSAGE", "TEXT_WORKERS", "Metrics", "ServerState", "SlotRecord"]
@@ -92,6 +93,7 @@ class ServerState:
     # called on the event loop with a message when draining starts; each ends the open responses it owns
     drain_hooks: list[Callable[[str], object]] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None  # the app's event loop, set when it starts serving
+    streams: SessionStore = field(default_factory=SessionStore)  # resumable streams by X-Conversation-Id
     _loader: threading.Thread | None = None
     _pool: ThreadPoolExecutor | None = None
 

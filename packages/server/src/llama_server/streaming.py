@@ -15,14 +15,21 @@ a non-streamed request answers 503.
 A client that stops reading makes uvicorn's `send` wait, so the outbox grows; past `STREAM_BUFFER_BYTES`
 its generation is cancelled (the slot is freed), the queued bytes are dropped and the connection is
 closed. A client that disconnects cancels the generation too.
+
+With `X-Conversation-Id` (resumable.py) the stream is detached from its connection: a `SessionOutbox`
+appends every byte to the conversation's session first, and the socket is just one reader of that
+session. A disconnect then stops only the sending; the generation goes on into the session until it ends
+or the session is cancelled (DELETE, a newer request with the same id, shutdown). A request that does not
+stream, or fails before its stream starts, leaves no session behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar
 
 import msgspec
@@ -38,6 +45,7 @@ from .controllers._common import json_response
 from .errors import ApiError
 from .generation import Choice, ErrorBody, ErrorObject, Probs, error_of, prob_entry
 from .params import GenParams
+from .resumable import OffsetLost, Reader, Session, close_all, short_id
 from .sse import PING, event, write_event
 from .state import ServerState
 
@@ -46,6 +54,7 @@ __all__ = [
     "EventStream",
     "Formatter",
     "Outbox",
+    "SessionOutbox",
     "end_streams",
     "ping_seconds",
     "respond",
@@ -108,14 +117,45 @@ async def respond(
     body: GenParams,
 ) -> Response[Any]:
     """Submit `reqs` (one per prompt and choice) and answer: the formatter's body once every request is
-    final, or (`body.stream`) an SSE stream of its events."""
-    run = Run(state)
-    run.submit_all(reqs)
-    if body.stream:
-        await run.check_first(request.receive)
-        outbox = Outbox(run, fmt)
+    final, or (`body.stream`) an SSE stream of its events. With `X-Conversation-Id` the stream is written
+    to that conversation's session (replacing the previous one) and outlives its connection."""
+    conv_id = request.headers.get("x-conversation-id", "")
+    session = state.streams.create(conv_id, state.config) if conv_id else None
+    try:
+        run = Run(state)
+        run.submit_all(reqs)
+        if not body.stream:
+            return await _collect(request, run, fmt)
+        ping = ping_seconds(body, state.config)
+        if session is None:
+            await run.check_first(request.receive)
+            outbox = Outbox(run, fmt)
+        else:
+            # the generation no longer depends on the connection: only a cancelled session stops the wait
+            await run.check_first(_until_finalized(session))
+            outbox = SessionOutbox(run, fmt, session, ping, state)
+            log.info("stream %s attached", short_id(conv_id))
         run.attach(outbox.add)
-        return EventStream(outbox, ping_seconds(body, state.config))
+        session = None  # it streams: the session stays for lookup and replay
+        return EventStream(outbox, ping)
+    finally:
+        if session is not None:  # not streamed, or failed before the stream started: nothing to replay
+            state.streams.evict(session)
+
+
+def _until_finalized(session: Session) -> Callable[[], Awaitable[dict[str, str]]]:
+    """An ASGI `receive` that reports a disconnect once the session is cancelled or finalised."""
+
+    async def receive() -> dict[str, str]:
+        while not session.done:
+            await session.changed(None)
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+async def _collect(request: Request[Any, Any, Any], run: Run, fmt: Formatter) -> Response[Any]:
+    """A non-streamed answer: every event folded into its choice, the body once all are final."""
     collector = _Collector(run, fmt)
     run.attach(collector.add)
     _open.add(collector)
@@ -137,10 +177,12 @@ _open: weakref.WeakSet[_Collector | Outbox] = weakref.WeakSet()  # what end_stre
 def end_streams(message: str) -> int:
     """End every open response (SIGTERM): a stream with one error event (503 `unavailable_error`) and
     `[DONE]` where its API has one, a non-streamed request with a 503 JSON error; their generations are
-    cancelled. Returns how many there were. On the event loop only."""
+    cancelled. Then every resumable session is finalised, so no reader waits for more. Returns how many
+    responses there were. On the event loop only."""
     responses = list(_open)
     for r in responses:
         r.drain(message)
+    close_all()
     return len(responses)
 
 
@@ -273,7 +315,11 @@ class Outbox:
         finally:
             self._sender = None
             watch.cancel()
-            self.end()
+            self._release()
+
+    def _release(self) -> None:
+        """The connection is done with: the generation has no other consumer, so it ends."""
+        self.end()
 
     def _hang_up(self, watch: asyncio.Future[None]) -> None:
         if not watch.cancelled():  # the client disconnected (or its receive failed: the same for us)
@@ -285,6 +331,84 @@ class Outbox:
         if self._sender is not None and not self._interrupted:
             self._interrupted = True
             self._sender.cancel()
+
+
+class SessionOutbox(Outbox):
+    """An outbox whose bytes go into a resumable session as they are produced (before any socket write);
+    the connection reads them back from the session like any `GET /v1/stream` reader. Pings are produced
+    here too (when nothing came for the ping interval), so a replay holds the ones sent live."""
+
+    def __init__(
+        self, run: Run, fmt: Formatter, session: Session, ping: float | None, state: ServerState
+    ) -> None:
+        self.session = session
+        self.reader = Reader(session, 0, state.config.stream_reader_wake, state.streams)
+        self.ping = ping
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self._last = run.loop.time()
+        super().__init__(run, fmt, sys.maxsize)  # the session's cap bounds what is kept, not this outbox
+        session.on_cancel = self.stop
+        self._flush()
+        self._arm_ping(ping)
+
+    def add(self, index: int, ev: Event) -> None:
+        super().add(index, ev)
+        self._flush()
+
+    def end(self, last: bytes = b"") -> None:
+        if self.ended:
+            return
+        super().end(last)
+        self._flush()
+        self._finish()
+
+    def stop(self) -> None:
+        """The session was cancelled: the stream ends where it is (no final event) and so does the
+        generation."""
+        if self.ended:
+            return
+        self.buf.clear()
+        super().end()
+        self._finish()
+
+    async def take(self, ping: float | None) -> bytes | None:
+        try:
+            return await self.reader.next()
+        except OffsetLost:  # this client fell behind the session's cap: it can only start over
+            log.warning(
+                "a client is not reading its stream: it fell behind the replay buffer; connection closed"
+            )
+            self.overflowed = True
+            return None
+
+    def _release(self) -> None:
+        pass  # a disconnect does not stop a resumable generation
+
+    def _flush(self) -> None:
+        if self.buf:
+            self.session.append(self.buf)
+            self.buf.clear()
+            self._last = self.run.loop.time()
+
+    def _finish(self) -> None:
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
+        self.session.on_cancel = None
+        self.session.finalize()
+
+    def _arm_ping(self, delay: float | None) -> None:
+        if delay is not None and not self.ended:
+            self._ping_timer = self.run.loop.call_later(delay, self._ping_due)
+
+    def _ping_due(self) -> None:
+        assert self.ping is not None
+        idle = self.run.loop.time() - self._last
+        if idle >= self.ping:
+            self.session.append(PING)
+            self._last = self.run.loop.time()
+            idle = 0.0
+        self._arm_ping(self.ping - idle)
 
 
 async def _wait_disconnect(receive: Any) -> None:

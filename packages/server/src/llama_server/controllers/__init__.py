@@ -10,6 +10,7 @@ from .models import ModelsController
 from .props import PropsController
 from .responses import ResponsesController
 from .slots import SlotsController
+from .streams import StreamsController
 from .tokenize import TokenizeController
 
 CONTROLLERS = [
@@ -24,6 +25,7 @@ CONTROLLERS = [
     ModelsController,
     SlotsController,
     MetricsController,
+    StreamsController,
 ]
 
 __all__ = ["CONTROLLERS"]
