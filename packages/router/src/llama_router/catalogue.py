@@ -159,7 +159,8 @@ def build_catalogue(
     glob_opts, glob_special = _section("*", sections.pop("*", {}))
     entries: dict[str, Entry] = {}
     for cached in list_cached():
-        entries[cached.name] = Entry(cached.name, "cache", {**glob_opts, "hf-repo": cached.name})
+        source = {"hf-repo": cached.name} if cached.repo else {"model": str(cached.path)}  # a URL download
+        entries[cached.name] = Entry(cached.name, "cache", {**glob_opts, **source})
     if models_dir:
         for name, o in scan_models_dir(models_dir).items():
             entries[name] = Entry(name, "models_dir", {**glob_opts, **o})

@@ -98,7 +98,7 @@ _CTX = {
 @click.option("-to", "--timeout", type=int, default=3600, envvar="LLAMA_ARG_TIMEOUT")
 @click.option("--max-queue", type=int, default=64, help="Requests waiting for a model before 503.")
 @click.option("-hft", "--hf-token", envvar="HF_TOKEN", help="Token for the model hub (sent only to it).")
-@click.option("--offline", is_flag=True, envvar="LLAMA_OFFLINE")
+@click.option("--offline", is_flag=True, envvar="LLAMA_ARG_OFFLINE")
 @click.option("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI")
 @click.option("--path", "static_path", envvar="LLAMA_ARG_STATIC_PATH", type=click.Path(file_okay=False))
 @click.option("-v", "--verbose", is_flag=True)

@@ -110,6 +110,8 @@ class ModelManager:
                     inst.status = "loaded"
             elif not inst.running and inst.status != "downloading":
                 inst.entry, inst.architecture, inst.exit_code = entry, None, None
+                if inst.status == "downloaded":  # the finished download is now a cache entry
+                    inst.status, inst.args, inst.progress = "unloaded", [], None
             else:
                 inst.entry.aliases, inst.entry.tags, inst.entry.hidden = (
                     entry.aliases,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -66,7 +67,6 @@ IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("--check-tensors",), False),
     (("-dt", "--defrag-thold"), True),
     (("--list-devices",), False),
-    (("--offline",), False),
 ]
 
 
@@ -100,6 +100,12 @@ def _opts(f: Any) -> Any:
             help="GGUF model file (default: the bundled SmolLM2-135M).",
         ),
         o("-a", "--alias", envvar="LLAMA_ARG_ALIAS", help="Comma-separated model names for the API."),
+        # downloads into the model cache (llama_tools.hub)
+        o("-hf", "-hfr", "--hf-repo", envvar="LLAMA_ARG_HF_REPO", help="Hugging Face user/repo[:quant]."),
+        o("-hff", "--hf-file", envvar="LLAMA_ARG_HF_FILE", help="Explicit file in the -hf repository."),
+        o("-hft", "--hf-token", envvar="HF_TOKEN", help="Hub access token (sent only to the hub)."),
+        o("-mu", "--model-url", envvar="LLAMA_ARG_MODEL_URL", help="Download the model from a URL."),
+        o("--offline", is_flag=True, envvar="LLAMA_ARG_OFFLINE", help="Use the model cache only."),
         # router mode: no model and one of these runs llama-router with the same arguments
         o("--models-dir", envvar="LLAMA_ARG_MODELS_DIR", help="Router mode: directory of GGUF models."),
         o("--models-preset", envvar="LLAMA_ARG_MODELS_PRESET", help="Router mode: INI file of presets."),
@@ -355,6 +361,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
                 err=True,
             )
     model = kw["model"]
+    if not model and (kw["hf_repo"] or kw["model_url"]):
+        model = _download(kw)
     if not model:
         bundled = bundled_model_path()
         if bundled is None:
@@ -476,6 +484,17 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
     )
 
 
+def _download(kw: dict[str, Any]) -> str:
+    from llama_tools.hub import HubError
+    from llama_tools.hub.console import download_for_server
+
+    try:
+        spec = kw["hf_repo"] or kw["model_url"]
+        return str(download_for_server(spec, kw["hf_file"] or "", kw["hf_token"], kw["offline"]).path)
+    except HubError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def _setup_logging(kw: dict[str, Any]) -> str:
     if kw["log_disable"]:
         logging.disable(logging.CRITICAL)
@@ -505,7 +524,11 @@ def main(**kw: Any) -> None:
     from .child import ChildChannel, is_child, run_router
     from .state import ServerState
 
-    if not kw["model"] and (kw["models_dir"] or kw["models_preset"]):
+    if is_child() and os.environ.get("LLAMA_SERVER_CHILD_MODE") == "download":
+        from llama_tools.hub.child import run_download_child
+
+        sys.exit(run_download_child())
+    if not (kw["model"] or kw["hf_repo"] or kw["model_url"]) and (kw["models_dir"] or kw["models_preset"]):
         run_router()
     cfg = build_config(kw)
     log_level = _setup_logging(kw)
