@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 import uuid
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -308,3 +310,45 @@ def test_without_the_header_a_disconnect_still_cancels(server, client):
     r = client.post(CHAT, json=_chat(3))
     events = sse_events(r.text)
     assert events[-1] == "[DONE]" and len(events) == 6  # role, 3 tokens, finish, [DONE]
+
+
+def test_slashed_model_id_in_the_query_string(server, client):
+    """llama.cpp's own case (test_stream.py, here without the router): an id holding `::` and `/`, sent
+    percent-encoded in the query string, replays and stops."""
+    stream_id = f"conv-stream-test-{uuid.uuid4().hex}::ggml-org/tinygemma3-GGUF:Q8_0"
+    qs = "conv_id=" + quote(stream_id, safe="")
+    body = {**_chat(8, "hello"), "model": "ggml-org/tinygemma3-GGUF:Q8_0"}
+    r = client.post("/chat/completions", json=body, headers={"X-Conversation-Id": stream_id})
+    content = "".join(
+        (json.loads(e)["choices"][0]["delta"].get("content") or "")
+        for e in sse_events(r.text)
+        if e != "[DONE]" and json.loads(e)["choices"]
+    )
+    assert content
+    res = client.get(f"/v1/stream?{qs}&from=0")
+    assert res.status_code == 200 and "data: " in res.text and res.content == r.content
+    assert client.delete(f"/v1/stream?{qs}").status_code == 204
+    assert client.get(f"/v1/stream?{qs}&from=0").status_code == 404
+
+
+def test_a_drop_before_the_first_token_does_not_lose_the_generation(server, client):
+    """A page reload while the prompt is still being processed: the connection closes before any byte
+    of the response, and the whole generation is still there to replay."""
+    conv_id = _new_id()
+    payload = json.dumps(_chat(6, "Summarise this. " + "The cat sat on the mat. " * 150)).encode()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head += f"X-Conversation-Id: {conv_id}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head.encode() + payload)
+        deadline = time.monotonic() + 30
+        while not _lookup(client, conv_id):  # the session exists once the prompt is rendered
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        [entry] = _lookup(client, conv_id)
+    # closed: if this was before the first token, nothing had been sent yet
+    print(f"dropped at {entry['total_bytes']} bytes of the response")
+    _wait_done(client, conv_id)
+    events = sse_events(_replay(client, conv_id).text)
+    assert events[-1] == "[DONE]" and len(events) == 9  # role, 6 tokens, finish, [DONE]
+    client.delete("/v1/stream", params={"conv_id": conv_id})
