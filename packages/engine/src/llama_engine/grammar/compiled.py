@@ -8,6 +8,8 @@ computed once per (state, code point) and then looked up. State 0 is the dead st
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -92,8 +94,11 @@ class CompiledGrammar:
         self.steps: list[dict[int, int]] = [{}]
         self.can_end: list[bool] = [False]
         self.token_tops: list[tuple[Stack, ...]] = [()]  # stacks whose top is a token element
-        self.masks: OrderedDict[int, np.ndarray] = OrderedDict()  # GrammarVocab.allowed's, by state
-        self.mask_vocab: object = None  # the vocabulary those masks are over
+        # GrammarVocab.allowed's masks, by vocabulary, then by state
+        self.masks: weakref.WeakKeyDictionary[object, OrderedDict[int, np.ndarray]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # engines of other models in this process may share the grammar
         self.initial = self._initial()
 
     # -- layout -----------------------------------------------------------------------------------------
@@ -174,15 +179,24 @@ class CompiledGrammar:
         sid = self._ids.get(key)
         if sid is not None:
             return sid
+        with self._lock:
+            return self._intern(key, stacks)
+
+    def _intern(
+        self, key: frozenset[Stack], stacks: dict[Stack, None] | tuple[Stack, ...] | list[Stack]
+    ) -> int:
+        sid = self._ids.get(key)
+        if sid is not None:
+            return sid
         if len(key) > MAX_STACKS:
             raise GrammarError(f"the grammar is too ambiguous: more than {MAX_STACKS} parallel stacks")
         sid = len(self.states)
         ordered = tuple(stacks)
-        self._ids[key] = sid
-        self.states.append(ordered)
         self.steps.append({})
         self.can_end.append(any(not s for s in ordered))
         self.token_tops.append(tuple(s for s in ordered if s and self.types[s[-1]] in (_TOK, _TOK_NOT)))
+        self.states.append(ordered)
+        self._ids[key] = sid  # last: a reader that finds the id finds its tables
         return sid
 
     @property

@@ -131,9 +131,9 @@ class GrammarVocab:
         """Bool mask over the vocabulary: the tokens the grammar state keeps (read-only, cached)."""
         cache: OrderedDict[int, np.ndarray] | None = None
         if partial == NO_PARTIAL:
-            if g.mask_vocab is not self:
-                g.mask_vocab, g.masks = self, OrderedDict()
-            cache = g.masks
+            cache = g.masks.get(self)
+            if cache is None:
+                cache = g.masks[self] = OrderedDict()
             hit = cache.get(sid)
             if hit is not None:
                 cache.move_to_end(sid)
