@@ -72,6 +72,8 @@ class Timings(msgspec.Struct, frozen=True, array_like=True, gc=False):
     predicted_n: int
     predicted_ms: float
     cache_n: int
+    draft_n: int = 0  # drafted tokens verified (speculative decoding)
+    draft_n_accepted: int = 0  # of those, accepted
 
 
 class TokenEvent(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
