@@ -17,9 +17,8 @@ from conftest import Router, start_router
 
 @pytest.fixture(scope="module")
 def router(models_dir: Path, cache_env: dict[str, str]) -> Iterator[Router]:
-    yield from start_router(
-        ["--models-dir", str(models_dir), "--models-max", "2", "--api-key", "sk-r"], cache_env, "sk-r"
-    )
+    args = ["--models-dir", str(models_dir), "--models-max", "2", "--api-key", "sk-r", "--tools", "read_file"]
+    yield from start_router(args, cache_env, "sk-r")
 
 
 AUTH = {"Authorization": "Bearer sk-r"}
@@ -147,3 +146,25 @@ def test_models_max_evicts_lru(router: Router) -> None:
     router.load("model-c", headers=AUTH)
     router.wait_status("model-a", {"unloaded"})
     assert router.status("model-b") == "loaded"
+
+
+def test_tools_and_cors_from_llama_tools(router: Router, tmp_path: Path) -> None:
+    """`/tools` and `/cors-proxy` served by the router itself, with llama-server's flags; tools switch
+    an unset --cors-origins to `localhost`, as llama-server's policy does."""
+    assert router.http.get("/tools").status_code == 401  # behind the router's key
+    listed = router.http.get("/tools", headers=AUTH).json()
+    assert [t["tool"] for t in listed] == ["read_file"]
+    f = tmp_path / "note.txt"
+    f.write_text("one\ntwo\n")
+    r = router.http.post("/tools", json={"tool": "read_file", "params": {"path": str(f)}}, headers=AUTH)
+    assert r.status_code == 200 and "two" in json.dumps(r.json())
+    r = router.http.post("/tools", json={"tool": "write_file", "params": {}}, headers=AUTH)
+    assert r.status_code == 404 and r.json()["message"] == 'unknown tool "write_file"'
+    r = router.http.get("/cors-proxy", params={"url": "http://127.0.0.1:9/"}, headers=AUTH)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "feature_disabled"
+    assert router.http.get("/props", headers=AUTH).json()["cors_proxy_enabled"] is False
+    local = router.http.options("/v1/chat/completions", headers={"Origin": "http://localhost:5173"})
+    assert local.headers["access-control-allow-origin"] == "http://localhost:5173"
+    assert local.headers["access-control-allow-credentials"] == "true"
+    other = router.http.get("/health", headers={"Origin": "https://example.com"})
+    assert "access-control-allow-origin" not in other.headers

@@ -17,6 +17,7 @@ import httpx
 from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.response import Stream
+from llama_tools import ToolsService, tools_route_handlers
 
 from . import __version__
 from .config import RouterConfig
@@ -115,7 +116,7 @@ async def props(request: Request) -> Response:
             "default_generation_settings": {"params": {}, "n_ctx": 0},
             "ui_settings": {},
             "build_info": BUILD_INFO,
-            "cors_proxy_enabled": False,
+            "cors_proxy_enabled": cfg.tools.cors_proxy,
         },
         media_type=JSON,
     )
@@ -225,6 +226,7 @@ def create_app(config: RouterConfig) -> Any:
     proxy = Proxy(manager, client)
     convs = ConversationMap()
     proxy.conversations = convs
+    tools = ToolsService(config.tools)  # /tools (built-ins, MCP children) and /cors-proxy, as llama-server
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -241,9 +243,9 @@ def create_app(config: RouterConfig) -> Any:
     app = Litestar(
         route_handlers=[
             health, props, list_models, load_model, unload_model, models_sse, download_model, delete_model,
-            *stream_routes(),
+            *stream_routes(), *tools_route_handlers(tools),
         ],
-        lifespan=[lifespan],
+        lifespan=[lifespan, tools.lifespan],
         exception_handlers={LoadError: _load_error, NotFoundException: _not_found, HTTPException: _http_error},
         openapi_config=None,
         logging_config=None,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from llama_tools import cors_options, cors_policy_from_options, tools_config_from_options, tools_options
 
 from . import options as opts
 from .catalogue import CatalogueError
@@ -91,10 +92,8 @@ _CTX = {
 @click.option("--api-key-file", envvar="LLAMA_ARG_API_KEY_FILE", type=click.Path(dir_okay=False))
 @click.option("--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE")
 @click.option("--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE")
-@click.option("--cors-origins", default="*", envvar="LLAMA_ARG_CORS_ORIGINS")
-@click.option("--cors-methods", default="GET, POST, DELETE, OPTIONS", envvar="LLAMA_ARG_CORS_METHODS")
-@click.option("--cors-headers", default="*", envvar="LLAMA_ARG_CORS_HEADERS")
-@click.option("--cors-credentials/--no-cors-credentials", default=True, envvar="LLAMA_ARG_CORS_CREDENTIALS")
+@cors_options
+@tools_options
 @click.option("-to", "--timeout", type=int, default=3600, envvar="LLAMA_ARG_TIMEOUT")
 @click.option("--max-queue", type=int, default=64, help="Requests waiting for a model before 503.")
 @click.option("-hft", "--hf-token", envvar="HF_TOKEN", help="Token for the model hub (sent only to it).")
@@ -117,6 +116,7 @@ def main(ctx: click.Context, **kw: Any) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     if kw["log_disable"]:
         logging.disable(logging.CRITICAL)
+    tools = tools_config_from_options(kw)
     sock = socket.create_server((kw["host"], kw["port"]), reuse_port=False)
     port = sock.getsockname()[1]
     cfg = RouterConfig(
@@ -129,10 +129,8 @@ def main(ctx: click.Context, **kw: Any) -> None:
         cli_options=child_options,
         server_command=server_command(),
         api_keys=_keys(kw["api_key"], kw["api_key_file"]),
-        cors_origins=kw["cors_origins"],
-        cors_methods=kw["cors_methods"],
-        cors_headers=kw["cors_headers"],
-        cors_credentials=kw["cors_credentials"],
+        cors=cors_policy_from_options(kw, tools),
+        tools=tools,
         timeout=kw["timeout"],
         max_waiting=kw["max_queue"],
         hf_token=kw["hf_token"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llama_tools import CorsPolicy, ToolsConfig
+
 __all__ = ["RouterConfig"]
 
 
@@ -21,10 +23,8 @@ class RouterConfig:
     cli_options: dict[str, str] = field(default_factory=dict)
     server_command: tuple[str, ...] = ("llama-server",)
     api_keys: tuple[str, ...] = ()
-    cors_origins: str = "*"
-    cors_methods: str = "GET, POST, DELETE, OPTIONS"
-    cors_headers: str = "*"
-    cors_credentials: bool = True
+    cors: CorsPolicy = field(default_factory=CorsPolicy)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)  # /tools, MCP servers, /cors-proxy
     timeout: float = 3600.0
     max_waiting: int = 64  # requests waiting for a model load before 503 + Retry-After
     hf_token: str | None = None

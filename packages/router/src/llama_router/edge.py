@@ -1,11 +1,10 @@
 """The edge of every router request (the same rules as llama-server's, endpoints.md §0.4): CORS headers
-and OPTIONS, the API key (only `/health` and the web UI's files are public), no `Server` header."""
+(llama_tools' `CorsPolicy`, the one llama-server uses) and OPTIONS, the API key (only `/health` and the web UI's files are public), no `Server` header."""
 
 from __future__ import annotations
 
 import hmac
 from typing import Any
-from urllib.parse import urlsplit
 
 from .config import RouterConfig
 from .proxy import send_error
@@ -26,8 +25,12 @@ class Edge:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        config = self.config
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        extra = self._cors(headers.get("origin", ""), scope["method"] == "OPTIONS")
+        extra = [
+            (k.lower().encode(), v.encode("latin-1", "replace"))
+            for k, v in config.cors.response_headers(headers.get("origin", ""), scope["method"] == "OPTIONS")
+        ]
         extra.append((b"server", b"llama.cpp"))
 
         async def send_edge(message: Any) -> None:
@@ -55,25 +58,3 @@ class Edge:
         for k in self.keys:  # every key compared: the time taken does not tell which one matched
             ok |= hmac.compare_digest(given, k)
         return ok
-
-    def _cors(self, origin: str, preflight: bool) -> list[tuple[bytes, bytes]]:
-        cfg = self.config
-        allow: str | None
-        if cfg.cors_origins == "*" and cfg.cors_credentials:
-            allow = origin or None
-        elif cfg.cors_origins == "localhost":
-            host = urlsplit(origin if "://" in origin else "//" + origin).hostname or ""
-            allow = origin if host in ("localhost", "127.0.0.1", "::1") else None
-        elif cfg.cors_origins != "*":
-            listed = [o.strip() for o in cfg.cors_origins.split(",")]
-            allow = origin if origin in listed else None
-        else:
-            allow = "*"
-        out: list[tuple[bytes, bytes]] = []
-        if allow is not None:
-            out.append((b"access-control-allow-origin", allow.encode("latin-1", "replace")))
-        if preflight:
-            out.append((b"access-control-allow-credentials", b"true" if cfg.cors_credentials else b"false"))
-            out.append((b"access-control-allow-methods", cfg.cors_methods.encode()))
-            out.append((b"access-control-allow-headers", cfg.cors_headers.encode()))
-        return out

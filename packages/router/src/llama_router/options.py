@@ -48,6 +48,7 @@ def _o(names: str, env: str | None = None, value: bool = True, neg: str = "", ch
 
 
 _F = False  # a flag (takes no value)
+_NO_PROXY = "--no-ui-mcp-proxy --no-webui-mcp-proxy"
 OPTIONS: tuple[Option, ...] = (
     _o("-m --model", "LLAMA_ARG_MODEL"),
     _o("-a --alias", "LLAMA_ARG_ALIAS"),
@@ -173,6 +174,12 @@ OPTIONS: tuple[Option, ...] = (
     _o("--rerank --reranking", "LLAMA_ARG_RERANKING", _F, child=False),
     _o("--media-path", child=False),
     # the router's own (never passed to a child)
+    _o("--tools", "LLAMA_ARG_TOOLS", child=False),
+    _o("--tools-runtime", "LLAMA_ARG_TOOLS_RUNTIME", child=False),
+    _o("-ag --agent", "LLAMA_ARG_AGENT", _F, "-no-ag --no-agent", child=False),
+    _o("--mcp-servers-config", "LLAMA_ARG_MCP_SERVERS_CONFIG", child=False),
+    _o("--mcp-servers-json", "LLAMA_ARG_MCP_SERVERS_JSON", child=False),
+    _o("--ui-mcp-proxy --webui-mcp-proxy", "LLAMA_ARG_UI_MCP_PROXY", _F, _NO_PROXY, child=False),
     _o("--models-dir", "LLAMA_ARG_MODELS_DIR", child=False),
     _o("--models-preset", "LLAMA_ARG_MODELS_PRESET", child=False),
     _o("--models-max", "LLAMA_ARG_MODELS_MAX", child=False),
