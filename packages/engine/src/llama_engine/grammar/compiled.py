@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,7 @@ class CompiledGrammar:
         self.masks: weakref.WeakKeyDictionary[object, OrderedDict[int, np.ndarray]] = (
             weakref.WeakKeyDictionary()
         )
+        self.tables: weakref.WeakKeyDictionary[object, Any] = weakref.WeakKeyDictionary()  # walk.StepTable
         self._lock = threading.Lock()  # engines of other models in this process may share the grammar
         self.initial = self._initial()
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from .compiled import DEAD, CompiledGrammar
 from .utf8 import NO_PARTIAL, Partial, decode_utf8
+from .walk import StepTable, walk_trie
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
@@ -110,6 +111,20 @@ class GrammarVocab:
         self._order = np.asarray(order, dtype=np.int32)
         self._max_depth = max(depth) if depth else 0
         self._flag = [m != h for m, h in zip(mid, hi, strict=True)]  # node has partial tokens
+        self._partial_nodes = np.flatnonzero(np.asarray(self._flag, dtype=bool))
+        # for the compiled walk: arrays, each node's code point as a dense column, each complete token's node
+        self._depth_a = np.asarray(depth, dtype=np.int32)
+        self._end_a = np.asarray(end, dtype=np.int32)
+        cols: dict[int, int] = {}
+        self._col = np.asarray([cols.setdefault(c, len(cols)) for c in cp_of], dtype=np.int32)
+        self._n_cols = len(cols)
+        # each position of `order`: its node for a complete piece, node 0 (which no walk marks) for a partial one
+        lo_a, mid_a, hi_a = (np.asarray(x, dtype=np.int64) for x in (lo, mid, hi))
+        nodes = np.arange(len(cp_of), dtype=np.int64)
+        self._tok_node = np.repeat(
+            np.stack([nodes, np.zeros_like(nodes)], 1).ravel(),
+            np.stack([mid_a - lo_a, hi_a - mid_a], 1).ravel(),
+        )
 
     # -- one token --------------------------------------------------------------------------------------
 
@@ -138,7 +153,12 @@ class GrammarVocab:
             if hit is not None:
                 cache.move_to_end(sid)
                 return hit
-        mask = self._walk(g, sid) if partial == NO_PARTIAL else self._after_partial(g, sid, partial)
+        if partial != NO_PARTIAL:
+            mask = self._after_partial(g, sid, partial)
+        elif g.has_tokens:
+            mask = self._walk(g, sid)
+        else:
+            mask = self._walk_compiled(g, sid)
         if g.can_end[sid]:
             mask |= self.eog
         mask.flags.writeable = False
@@ -195,6 +215,25 @@ class GrammarVocab:
             np.add.at(delta, lo, 1)
             np.add.at(delta, mid, -1)
             mask[self._order[np.cumsum(delta[:-1]) > 0]] = True
+        if singles:
+            mask[np.asarray(singles, dtype=np.int64)] = True
+        return mask
+
+    def _walk_compiled(self, g: CompiledGrammar, sid: int) -> np.ndarray:
+        """``_walk`` for grammars without token elements, its loop compiled (walk.py)."""
+        table = g.tables.get(self)
+        if table is None:
+            table = g.tables[self] = StepTable(self._n_cols)
+        node_state = walk_trie(
+            g, table, sid, self._depth_a, self._end_a, self._col, self._cp, self._max_depth
+        )
+        mask = np.zeros(self.n_vocab, dtype=bool)
+        mask[self._order[node_state[self._tok_node] != 0]] = True  # the root (node 0) keeps 0: no token
+        singles: list[int] = []
+        for i in self._partial_nodes.tolist():
+            s = sid if i == 0 else int(node_state[i])
+            if s:
+                self._partials_at(g, s, i, singles)
         if singles:
             mask[np.asarray(singles, dtype=np.int64)] = True
         return mask
