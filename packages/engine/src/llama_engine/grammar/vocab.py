@@ -17,7 +17,7 @@ import numpy as np
 
 from .compiled import DEAD, CompiledGrammar
 from .utf8 import NO_PARTIAL, Partial, decode_utf8
-from .walk import StepTable, walk_trie
+from .walk import StepTable, compile_walk, walk_trie
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
@@ -57,7 +57,9 @@ class GrammarVocab:
     @classmethod
     def from_tokenizer(cls, tok: Tokenizer) -> GrammarVocab:
         """From a model's tokenizer: pieces with special tokens rendered; end-of-generation tokens."""
-        return cls([tok.token_to_piece(t, True) for t in range(tok.n_vocab)], tok.eog_ids)
+        vocab = cls([tok.token_to_piece(t, True) for t in range(tok.n_vocab)], tok.eog_ids)
+        compile_walk()  # built off the engine thread: the walk's kernel is made ready here too
+        return vocab
 
     def _build_trie(self) -> None:
         children: list[dict[int, int]] = [{}]

@@ -13,7 +13,7 @@ from numba import njit
 
 from .compiled import CompiledGrammar
 
-__all__ = ["StepTable", "walk_trie"]
+__all__ = ["StepTable", "compile_walk", "walk_trie"]
 
 _UNKNOWN = -1
 _TABLE_BYTES = 64 << 20  # rows are reused (the table emptied) past this
@@ -103,3 +103,10 @@ def walk_trie(
         table.cover(len(g.states))
         r = table.row(prev)
         table.cells[r, col[i]] = nxt
+
+
+def compile_walk() -> None:
+    """Compile the kernel (or load it from numba's cache) now, e.g. while a vocabulary is being built off
+    the engine thread, rather than on the first grammar request."""
+    one = np.zeros(1, dtype=np.int32)
+    _walk(1, one, one, one, one, np.zeros((1, 1), dtype=np.int32), one, one)
