@@ -29,6 +29,7 @@ from llama_engine.kv_cache import KV_TYPES
 from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
+from .speculative_flags import build_spec_config, spec_options
 from .structured import default_grammar
 
 __all__ = ["build_config", "main", "serve"]
@@ -294,7 +295,7 @@ def _opts(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return _ignored_options(tools_options(cors_options(f)))
+    return spec_options(_ignored_options(tools_options(cors_options(f))))
 
 
 def _cache_type(name: str, flag: str) -> str:
@@ -481,6 +482,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         embd_normalize=kw["embd_normalize"],
         sampling=sampling,
         verbose=kw["verbose"],
+        speculative=build_spec_config(kw),
     )
 
 

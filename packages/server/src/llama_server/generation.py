@@ -58,6 +58,8 @@ class ApiTimings(Struct, gc=False):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
+    draft_n: int | msgspec.UnsetType = msgspec.UNSET  # only when speculative decoding drafted
+    draft_n_accepted: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Piece(Struct, gc=False):
@@ -192,6 +194,8 @@ def timings_out(t: Timings) -> ApiTimings:
         predicted_ms=predicted_ms,
         predicted_per_token_ms=predicted_ms / n_gen if n_gen > 0 else 0.0,
         predicted_per_second=1e3 / predicted_ms * n_gen if n_gen > 0 else 0.0,
+        draft_n=t.draft_n if t.draft_n else msgspec.UNSET,
+        draft_n_accepted=t.draft_n_accepted if t.draft_n else msgspec.UNSET,
     )
 
 

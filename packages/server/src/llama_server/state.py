@@ -166,6 +166,7 @@ class ServerState:
                     swa_full=cfg.swa_full,
                     cache_type_k=cfg.cache_type_k,
                     cache_type_v=cfg.cache_type_v,
+                    speculative=cfg.speculative,
                 ),
             ).start()
             engine.tokenizer.warmup()

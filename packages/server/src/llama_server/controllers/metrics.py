@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, Response, get
 
 from ..errors import ApiError
+from ..speculative_flags import spec_counters, spec_per_position
 from ._common import SharedState
 
 __all__ = ["MetricsController"]
@@ -60,9 +61,7 @@ class MetricsController(Controller):
             "tokens_predicted_seconds_total": m.tokens_predicted_seconds_total,
             "n_decode_total": engine.steps,
             "n_tokens_max": m.n_tokens_max,
-            "spec_decode_num_draft_tokens_total": 0,
-            "spec_decode_num_accepted_tokens_total": 0,
-            "spec_decode_num_drafts_total": 0,
+            **spec_counters(engine),
             "prompt_tokens_seconds": prompt_rate,
             "predicted_tokens_seconds": gen_rate,
             "requests_processing": busy,
@@ -77,6 +76,7 @@ class MetricsController(Controller):
                 f"# TYPE llamacpp:{name} {kind}",
                 f"llamacpp:{name} {_fmt(value)}",
             ]
+        lines += spec_per_position(engine)
         return Response(
             "\n".join(lines) + "\n",
             media_type="text/plain; version=0.0.4",

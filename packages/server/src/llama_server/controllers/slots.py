@@ -48,10 +48,11 @@ class SlotsController(Controller):
         engine = st.require_engine()
         out: list[dict[str, Any]] = []
         any_idle = False
+        speculative = engine.speculator is not None
         for slot in engine.slots():
             busy = slot.is_processing
             any_idle |= not busy
-            entry: dict[str, Any] = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": False}
+            entry: dict[str, Any] = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": speculative}
             entry["is_processing"] = busy
             rec = st.slots.get(slot.id)
             if rec is not None:
