@@ -200,3 +200,18 @@ def test_lazy_pattern_full_and_token_triggers() -> None:
     assert m.awaiting
     m.accept(256)
     assert not m.awaiting and m.allows(ord("5")) and not m.allows(ord("x"))
+
+
+def test_expansion_without_text_is_bounded() -> None:
+    # "e" may be empty, so root expands to e root "b" without consuming text: the stack grows forever
+    # (llama.cpp's left-recursion check does not see through "e"); refused, quickly
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(GrammarError, match="deeper than"):
+        compile_grammar('root ::= e root "b" | "c"\ne ::= "a"?')
+    assert time.perf_counter() - t0 < 5
+    m = GrammarMatcher(compile_grammar('root ::= "(" root ")" | "x"'), VOCAB)
+    with pytest.raises(GrammarError, match="deeper than"):
+        for _ in range(5000):
+            m.accept(ord("("))

@@ -18,10 +18,11 @@ import numpy as np
 from .elements import ElementType, Grammar, GrammarError
 from .utf8 import Partial, partial_range
 
-__all__ = ["DEAD", "MAX_STACKS", "MAX_STATES", "CompiledGrammar"]
+__all__ = ["DEAD", "MAX_DEPTH", "MAX_STACKS", "MAX_STATES", "CompiledGrammar"]
 
 DEAD = 0
 MAX_STACKS = 4096  # parallel stacks in one state (an ambiguous grammar's blow-up ends with an error)
+MAX_DEPTH = 1024  # elements on one stack (nesting the text opens and has not closed)
 MAX_STATES = 200_000  # distinct states a compiled grammar keeps before it stops taking new requests
 
 _END, _ALT, _REF = int(ElementType.END), int(ElementType.ALT), int(ElementType.RULE_REF)
@@ -164,12 +165,14 @@ class CompiledGrammar:
             pos = cur[-1]
             t = types[pos]
             if t == _REF:
+                if len(cur) > MAX_DEPTH:  # rules that expand without consuming text grow the stack
+                    raise GrammarError(f"the grammar's stacks grow deeper than {MAX_DEPTH} elements")
                 base = cur[:-1] if self.is_end(pos + 1) else (*cur[:-1], pos + 1)
                 for sub in self._alternates(values[pos]):
                     todo.append(base if self.is_end(sub) else (*base, sub))
             else:
                 out[cur] = None
-            if len(out) > MAX_STACKS or len(seen) > 16 * MAX_STACKS:
+            if len(out) > MAX_STACKS or len(seen) > 2 * MAX_STACKS:
                 raise GrammarError(f"the grammar is too ambiguous: more than {MAX_STACKS} parallel stacks")
         result = tuple(out)
         self._advanced[stack] = result

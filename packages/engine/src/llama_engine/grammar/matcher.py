@@ -184,6 +184,7 @@ def check_grammar_request(params: SamplingParams, n_vocab: int, token_id: object
                 f"parse: error parsing grammar: no vocab to parse token at {grammar.token_names[0]}"
             )
         grammar = bind_tokens(grammar, token_id)
+    CompiledGrammar(grammar)  # its start state: a grammar that expands without bound fails here
     ids = [t.token for t in params.grammar_triggers if t.token >= 0]
     ids += list(params.preserved_tokens) + list(params.grammar_prefill)
     ids += [v for r in grammar.rules for k, v in r if k in (ElementType.TOKEN, ElementType.TOKEN_NOT)]
