@@ -352,3 +352,12 @@ def test_a_drop_before_the_first_token_does_not_lose_the_generation(server, clie
     events = sse_events(_replay(client, conv_id).text)
     assert events[-1] == "[DONE]" and len(events) == 9  # role, 6 tokens, finish, [DONE]
     client.delete("/v1/stream", params={"conv_id": conv_id})
+
+
+def test_a_non_ascii_id_in_the_header_matches_its_query_string_form(server, client):
+    conv_id = f"café-{uuid.uuid4().hex}::ørg/mödel"
+    r = client.post(CHAT, json=_chat(2), headers={"X-Conversation-Id": conv_id.encode()})
+    assert r.status_code == 200
+    assert _replay(client, conv_id).content == r.content
+    assert [e["conversation_id"] for e in _lookup(client, conv_id.split("::")[0])] == [conv_id]
+    assert client.delete("/v1/stream", params={"conv_id": conv_id}).status_code == 204

@@ -14,9 +14,17 @@ from llama_engine.tokenizer import Tokenizer
 from llama_server import ServerConfig, ServerState
 from llama_server.bridge import Run
 from llama_server.formats import CompletionsFormatter
-from llama_server.resumable import SESSION_BYTES, OffsetLost, Reader, Session, SessionStore, close_all
+from llama_server.resumable import (
+    SESSION_BYTES,
+    OffsetLost,
+    Reader,
+    Session,
+    SessionStore,
+    close_all,
+    header_id,
+)
 from llama_server.sse import PING
-from llama_server.streaming import SessionOutbox, end_streams
+from llama_server.streaming import Replay, SessionOutbox, end_streams
 
 MIB = 1024 * 1024
 CFG = ServerConfig(model="m.gguf")
@@ -200,3 +208,19 @@ def test_drain_writes_the_final_error_into_the_session(tok):
 
     raw = asyncio.run(main())
     assert raw.endswith(b"data: [DONE]\n\n") and b'"code":503' in raw and b"shutting down" in raw
+
+
+def test_a_reader_that_falls_behind_the_cap_is_cut():
+    async def main() -> tuple[bytes | None, bool]:
+        s = Session("c", cap=8)
+        replay = Replay(Reader(s, 0, None, None))
+        s.append(b"0123456789abcdef")  # the reader's offset 0 is gone before it read anything
+        return await replay.take(None), replay.overflowed
+
+    assert asyncio.run(main()) == (None, True)
+
+
+def test_header_ids_match_their_url_encoded_form():
+    wire = "café::org/m".encode().decode("latin-1")  # how the header's UTF-8 bytes reach a handler
+    assert header_id(wire) == "café::org/m" and header_id("conv-1") == "conv-1"
+    assert header_id("\xff\xfe") == "\xff\xfe"  # not UTF-8: as given

@@ -29,6 +29,7 @@ __all__ = [
     "SessionStore",
     "StreamSettings",
     "close_all",
+    "header_id",
     "short_id",
 ]
 
@@ -52,6 +53,15 @@ class StreamSettings(Protocol):
 
 class OffsetLost(Exception):
     """The offset asked for is below the session's dropped prefix: those bytes are gone."""
+
+
+def header_id(value: str) -> str:
+    """The conversation id of an `X-Conversation-Id` value, as the text its URL-encoded form in a query
+    string decodes to: header bytes reach us decoded as latin-1, a client writes the id in UTF-8."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:  # not UTF-8 (or not from the wire): the id as given
+        return value
 
 
 def short_id(conv_id: str) -> str:

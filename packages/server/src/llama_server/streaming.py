@@ -45,7 +45,7 @@ from .controllers._common import json_response
 from .errors import ApiError
 from .generation import Choice, ErrorBody, ErrorObject, Probs, error_of, prob_entry
 from .params import GenParams
-from .resumable import OffsetLost, Reader, Session, close_all, short_id
+from .resumable import OffsetLost, Reader, Session, close_all, header_id, short_id
 from .sse import PING, event, write_event
 from .state import ServerState
 
@@ -54,6 +54,7 @@ __all__ = [
     "EventStream",
     "Formatter",
     "Outbox",
+    "Replay",
     "SessionOutbox",
     "end_streams",
     "ping_seconds",
@@ -119,7 +120,7 @@ async def respond(
     """Submit `reqs` (one per prompt and choice) and answer: the formatter's body once every request is
     final, or (`body.stream`) an SSE stream of its events. With `X-Conversation-Id` the stream is written
     to that conversation's session (replacing the previous one) and outlives its connection."""
-    conv_id = request.headers.get("x-conversation-id", "")
+    conv_id = header_id(request.headers.get("x-conversation-id", ""))
     session = state.streams.create(conv_id, state.config) if conv_id else None
     try:
         run = Run(state)
@@ -211,7 +212,54 @@ class _Collector:
         resolve(self.done)
 
 
-class Outbox:
+class _Sender:
+    """The sending side of an SSE response: `pump` writes what `take` returns to the socket, in one send
+    each, until it returns None, the client disconnects or the stream is cut (`overflowed`)."""
+
+    def __init__(self) -> None:
+        self.overflowed = False  # cut: the connection closes without the body's last chunk
+        self._sender: asyncio.Task[Any] | None = None
+        self._interrupted = False
+
+    async def take(self, ping: float | None) -> bytes | None:
+        raise NotImplementedError
+
+    async def pump(self, send: Any, receive: Any, ping: float | None) -> None:
+        """Send the stream until it ends, the client disconnects or the outbox overflows."""
+        sender = self._sender = asyncio.current_task()
+        assert sender is not None
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        watch.add_done_callback(self._hang_up)
+        try:
+            while (data := await self.take(ping)) is not None:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            if not self.overflowed:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
+            sender.uncancel()
+        finally:
+            self._sender = None
+            watch.cancel()
+            self._release()
+
+    def _release(self) -> None:
+        """The connection is done with (ended, cut or disconnected)."""
+
+    def _hang_up(self, watch: asyncio.Future[None]) -> None:
+        if not watch.cancelled():  # the client disconnected (or its receive failed: the same for us)
+            watch.exception()
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Stop the sender wherever it waits (for an event, or in a send the client does not read)."""
+        if self._sender is not None and not self._interrupted:
+            self._interrupted = True
+            self._sender.cancel()
+
+
+class Outbox(_Sender):
     """The SSE bytes of one stream that wait for the socket, at most `limit` of them."""
 
     def __init__(self, run: Run, fmt: Formatter, limit: int = STREAM_BUFFER_BYTES) -> None:
@@ -220,11 +268,9 @@ class Outbox:
         self.limit = limit
         self.buf = bytearray()
         self.ended = False  # nothing more will be queued
-        self.overflowed = False
+        super().__init__()
         self._remaining = run.n
         self._wakeup = Wakeup(run.loop)
-        self._sender: asyncio.Task[Any] | None = None
-        self._interrupted = False
         self._write(fmt.opening())
         _open.add(self)
 
@@ -297,40 +343,9 @@ class Outbox:
         self.buf.clear()
         return data
 
-    async def pump(self, send: Any, receive: Any, ping: float | None) -> None:
-        """Send the stream until it ends, the client disconnects or the outbox overflows."""
-        sender = self._sender = asyncio.current_task()
-        assert sender is not None
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
-        watch.add_done_callback(self._hang_up)
-        try:
-            while (data := await self.take(ping)) is not None:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            if not self.overflowed:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not self._interrupted:
-                raise
-            sender.uncancel()
-        finally:
-            self._sender = None
-            watch.cancel()
-            self._release()
-
     def _release(self) -> None:
         """The connection is done with: the generation has no other consumer, so it ends."""
         self.end()
-
-    def _hang_up(self, watch: asyncio.Future[None]) -> None:
-        if not watch.cancelled():  # the client disconnected (or its receive failed: the same for us)
-            watch.exception()
-            self._interrupt()
-
-    def _interrupt(self) -> None:
-        """Stop the sender wherever it waits (for an event, or in a send the client does not read)."""
-        if self._sender is not None and not self._interrupted:
-            self._interrupted = True
-            self._sender.cancel()
 
 
 class SessionOutbox(Outbox):
@@ -372,14 +387,7 @@ class SessionOutbox(Outbox):
         self._finish()
 
     async def take(self, ping: float | None) -> bytes | None:
-        try:
-            return await self.reader.next()
-        except OffsetLost:  # this client fell behind the session's cap: it can only start over
-            log.warning(
-                "a client is not reading its stream: it fell behind the replay buffer; connection closed"
-            )
-            self.overflowed = True
-            return None
+        return await _follow(self, self.reader)
 
     def _release(self) -> None:
         pass  # a disconnect does not stop a resumable generation
@@ -411,15 +419,37 @@ class SessionOutbox(Outbox):
         self._arm_ping(self.ping - idle)
 
 
+class Replay(_Sender):
+    """`GET /v1/stream`: one reader of a session; its disconnect changes nothing for the generation."""
+
+    def __init__(self, reader: Reader) -> None:
+        super().__init__()
+        self.reader = reader
+
+    async def take(self, ping: float | None) -> bytes | None:
+        return await _follow(self, self.reader)
+
+
+async def _follow(sender: _Sender, reader: Reader) -> bytes | None:
+    """The reader's next bytes; a reader that fell behind the session's cap is cut (its offset is lost:
+    it can only start over)."""
+    try:
+        return await reader.next()
+    except OffsetLost:
+        log.warning("a client is not reading its stream: it fell behind the replay buffer; connection closed")
+        sender.overflowed = True
+        return None
+
+
 async def _wait_disconnect(receive: Any) -> None:
     while (await receive()).get("type") != "http.disconnect":
         pass
 
 
 class EventStream(Stream):
-    """`text/event-stream` response whose body comes from an `Outbox`."""
+    """`text/event-stream` response whose body comes from an `Outbox` (or a `Replay`)."""
 
-    def __init__(self, outbox: Outbox, ping: float | None) -> None:
+    def __init__(self, outbox: _Sender, ping: float | None) -> None:
         super().__init__(
             (),
             media_type="text/event-stream",
@@ -437,7 +467,7 @@ class _EventStreamASGI:
 
     __slots__ = ("base", "outbox", "ping")
 
-    def __init__(self, base: Any, outbox: Outbox, ping: float | None) -> None:
+    def __init__(self, base: Any, outbox: _Sender, ping: float | None) -> None:
         self.base = base
         self.outbox = outbox
         self.ping = ping

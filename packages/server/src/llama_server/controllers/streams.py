@@ -13,11 +13,11 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
-from litestar.response import Stream
 
 from ..errors import ApiError
 from ..resumable import Reader, Session, short_id
 from ..state import ServerState
+from ..streaming import EventStream, Replay
 from ._common import SharedState, json_response
 
 __all__ = ["StreamsController"]
@@ -79,16 +79,12 @@ class StreamsController(Controller):
     """Resumable streams: replay and follow, look up by id, stop."""
 
     @get("/v1/stream")
-    async def follow(self, request: Request, server: SharedState) -> Stream:
+    async def follow(self, request: Request, server: SharedState) -> EventStream:
         """The session's bytes from `from` on, then its live bytes until it is finalised."""
         session = _session(server, _conv_id(request))
         offset = _offset(request, session)
         reader = Reader(session, offset, server.config.stream_reader_wake, server.streams)
-        return Stream(
-            reader,
-            media_type="text/event-stream",
-            headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
-        )
+        return EventStream(Replay(reader), None)
 
     @post("/v1/streams/lookup", status_code=200)
     async def lookup(self, request: Request, server: SharedState) -> Response:
