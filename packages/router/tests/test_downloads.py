@@ -38,7 +38,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def router(hub: HubServer, cache: Path, models_dir: Path) -> Iterator[Router]:
     env = {"LLAMA_CACHE": str(cache), "MODEL_ENDPOINT": hub.url}
-    yield from start_router(["--models-dir", str(models_dir), "--hf-token", TOKEN], env)
+    args = ["--models-dir", str(models_dir), "--hf-token", TOKEN, "--sleep-idle-seconds", "1"]
+    yield from start_router(args, env)
 
 
 class Events:
@@ -95,6 +96,13 @@ def test_download_then_serve_then_delete(router: Router, hub: HubServer, cache: 
     body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     r = router.http.post("/v1/chat/completions", json=body)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    # the child sleeps when idle (--sleep-idle-seconds reaches every child); a request wakes it
+    router.wait_status(name, {"sleeping"})
+    assert router.http.get("/props", params={"model": name}).json()["is_sleeping"] is True
+    assert router.status(name) == "sleeping"
+    r = router.http.post("/tokenize", json={"model": name, "content": "hi"})
+    assert r.status_code == 200 and r.json()["tokens"]
+    router.wait_status(name, {"loaded"}, timeout=10)
     r = router.http.post("/models", json={"model": name})
     assert r.status_code == 400 and r.json()["error"]["message"] == f"model '{name}' already exists"
     assert router.http.delete("/models", params={"model": name}).status_code == 200

@@ -35,6 +35,7 @@ from .config import ServerConfig
 from .controllers import CONTROLLERS
 from .errors import ApiError, error_body
 from .middleware import EdgeMiddleware, IOTimeouts
+from .sleep import sleep_gate
 from .state import ServerState
 from .streaming import end_streams
 
@@ -196,5 +197,5 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
     st.drain_hooks.append(lambda _message: tools.begin_shutdown())  # tool calls in flight end too
     # around the router: CORS, readiness, API key and the Server header cover every path, even unknown
     # ones; outermost, the read and write timeouts cover the whole exchange
-    app.asgi_handler = IOTimeouts(EdgeMiddleware(app.asgi_handler, st, webui_files), st.config.timeout)
+    app.asgi_handler = IOTimeouts(EdgeMiddleware(sleep_gate(app, st), st, webui_files), st.config.timeout)
     return app

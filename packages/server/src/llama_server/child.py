@@ -15,10 +15,18 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["ChildChannel", "is_child"]
+__all__ = ["ChildChannel", "current_channel", "is_child"]
 
 CMD_PREFIX = "cmd_child_to_router:state:"
 EXIT_COMMAND = "cmd_router_to_child:exit"
+
+
+_current: ChildChannel | None = None
+
+
+def current_channel() -> ChildChannel | None:
+    """The channel to the router of this child process (None when not a child)."""
+    return _current
 
 
 def is_child() -> bool:
@@ -43,6 +51,8 @@ class ChildChannel:
             self._out.flush()
 
     def start(self) -> ChildChannel:
+        global _current
+        _current = self
         self.send("loading", {"stages": ["text_model"], "current": "text_model", "value": 0.0})
         threading.Thread(target=self._read_stdin, name="llama-server-router-in", daemon=True).start()
         threading.Thread(target=self._report_ready, name="llama-server-router-out", daemon=True).start()

@@ -29,7 +29,6 @@ from llama_engine.kv_cache import KV_TYPES
 from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
-from .speculative_flags import build_spec_config, spec_options
 from .structured import default_grammar
 
 __all__ = ["build_config", "main", "serve"]
@@ -215,6 +214,13 @@ def _opts(f: Any) -> Any:
             help="Serve static files from this folder instead of the bundled web UI.",
         ),
         o("--max-queue", type=int, default=64, help="Requests waiting for a slot before 503 + Retry-After."),
+        o(
+            "--sleep-idle-seconds",
+            type=int,
+            default=-1,
+            envvar="LLAMA_ARG_SLEEP_IDLE_SECONDS",
+            help="Release the model after this many idle seconds, reload on the next request (-1: never).",
+        ),
         # chat
         o("--jinja/--no-jinja", default=True, envvar="LLAMA_ARG_JINJA"),
         o(
@@ -295,7 +301,7 @@ def _opts(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return spec_options(_ignored_options(tools_options(cors_options(f))))
+    return _ignored_options(tools_options(cors_options(f)))
 
 
 def _cache_type(name: str, flag: str) -> str:
@@ -377,6 +383,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         raise click.UsageError("-np/--parallel must be positive (or -1 for auto)")
     n_parallel = 4 if kw["parallel"] == -1 else kw["parallel"]
     kv_unified = kw["kv_unified"] if kw["kv_unified"] is not None else kw["parallel"] == -1
+    if kw["sleep_idle_seconds"] == 0 or kw["sleep_idle_seconds"] < -1:
+        raise click.UsageError("--sleep-idle-seconds must be -1 (disabled) or at least 1")
     if kw["ctx_size"] < 0:
         raise click.UsageError("-c/--ctx-size must be >= 0")
     template = kw["chat_template"]
@@ -455,6 +463,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         cache_type_k=_cache_type(kw["cache_type_k"], "--cache-type-k"),
         cache_type_v=_cache_type(kw["cache_type_v"], "--cache-type-v"),
         max_queue=kw["max_queue"],
+        sleep_idle_seconds=kw["sleep_idle_seconds"],
         api_keys=_keys(kw["api_key"], kw["api_key_file"]),
         timeout=kw["timeout"],
         sse_ping_interval=kw["sse_ping_interval"],
@@ -482,7 +491,6 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         embd_normalize=kw["embd_normalize"],
         sampling=sampling,
         verbose=kw["verbose"],
-        speculative=build_spec_config(kw),
     )
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from llama_tools import ToolsConfig
 
 from llama_engine import SamplingParams
-from llama_engine.speculative import SpeculativeConfig
 
 __all__ = ["BUNDLED_MODEL_FILE", "ServerConfig", "bundled_model_path"]
 
@@ -52,6 +51,7 @@ class ServerConfig:
     cache_type_k: str = "f16"  # KV cache element types (--cache-type-k/-v): f16 or f32
     cache_type_v: str = "f16"
     max_queue: int = 64  # requests waiting for a slot before 503 + Retry-After
+    sleep_idle_seconds: int = -1  # release the model after this long without a task (-1: never)
     # HTTP, security, endpoints
     api_keys: tuple[str, ...] = ()
     timeout: int = 3600
@@ -89,7 +89,6 @@ class ServerConfig:
     # sampling defaults (every request may override)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verbose: bool = False
-    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # drafters, draft model
 
     @property
     def model_name(self) -> str:
