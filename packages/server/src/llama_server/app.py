@@ -34,6 +34,7 @@ import llama_webui
 from .config import ServerConfig
 from .controllers import CONTROLLERS
 from .errors import ApiError, error_body
+from .headers import CanonicalHeaders
 from .middleware import EdgeMiddleware, IOTimeouts
 from .sleep import sleep_gate
 from .state import ServerState
@@ -197,5 +198,6 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
     st.drain_hooks.append(lambda _message: tools.begin_shutdown())  # tool calls in flight end too
     # around the router: CORS, readiness, API key and the Server header cover every path, even unknown
     # ones; outermost, the read and write timeouts cover the whole exchange
-    app.asgi_handler = IOTimeouts(EdgeMiddleware(sleep_gate(app, st), st, webui_files), st.config.timeout)
+    edge = IOTimeouts(EdgeMiddleware(sleep_gate(app, st), st, webui_files), st.config.timeout)
+    app.asgi_handler = CanonicalHeaders(edge)  # header names as llama-server spells them
     return app

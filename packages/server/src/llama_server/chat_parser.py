@@ -61,11 +61,24 @@ def _call(obj: Any) -> ToolCall | None:
 
 
 class ChatParser:
-    """Parse one request's output. `reasoning`: split `<think>` blocks; `tools`: extract tool calls."""
+    """Parse one request's output. `reasoning`: split thinking blocks (`<think>` or the template's own
+    tags); `tools`: extract tool calls. `forced_open`: the prompt opened the block, so the output starts
+    as reasoning up to the closing tag (DeepSeek R1 distills, QwQ). `legacy` (deepseek-legacy): the
+    thinking text is also kept, with its tags, in the content."""
 
-    def __init__(self, reasoning: bool, tools: bool) -> None:
+    def __init__(
+        self,
+        reasoning: bool,
+        tools: bool,
+        forced_open: bool = False,
+        legacy: bool = False,
+        tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
+    ) -> None:
         self.reasoning = reasoning
         self.tools = tools
+        self.forced_open = forced_open
+        self.legacy = legacy
+        self.open, self.close = tags
         self._ids: list[str] = []  # tool-call ids stay the same across re-parses
 
     def parse(self, text: str, final: bool) -> Parsed:
@@ -73,21 +86,26 @@ class ChatParser:
         rest = text
         if self.reasoning:
             stripped = rest.lstrip()
-            if stripped.startswith(THINK_OPEN):
-                body = stripped[len(THINK_OPEN) :]
-                end = body.find(THINK_CLOSE)
+            opened = stripped.startswith(self.open)
+            if opened or self.forced_open:
+                body = stripped[len(self.open) :] if opened else rest
+                end = body.find(self.close)
                 if end < 0:
-                    hold = 0 if final else _held_prefix(body, (THINK_CLOSE,))
+                    hold = 0 if final else _held_prefix(body, (self.close,))
                     out.reasoning = body[: len(body) - hold]
+                    if self.legacy:
+                        out.content = text[: len(text) - hold]
                     return out
                 out.reasoning = body[:end]
-                rest = body[end + len(THINK_CLOSE) :].lstrip("\n")
-            elif not final and THINK_OPEN.startswith(stripped) and stripped:
+                rest = body[end + len(self.close) :].lstrip("\n")
+                if self.legacy:
+                    rest = text[: len(text) - len(rest)] + rest
+            elif not final and self.open.startswith(stripped) and stripped:
                 return out
         if self.tools:
             rest = self._tools(rest, final, out)
         elif not final and self.reasoning and not out.reasoning:
-            rest = rest[: len(rest) - _held_prefix(rest, (THINK_OPEN,))]
+            rest = rest[: len(rest) - _held_prefix(rest, (self.open,))]
         out.content = rest
         for i, call in enumerate(out.tool_calls):
             if i < len(self._ids):
@@ -166,8 +184,8 @@ class ParsedStream:
 
     __slots__ = ("last", "parser", "text")
 
-    def __init__(self, reasoning: bool, tools: bool) -> None:
-        self.parser = ChatParser(reasoning, tools)
+    def __init__(self, reasoning: bool, tools: bool, **options: Any) -> None:
+        self.parser = ChatParser(reasoning, tools, **options)
         self.text = ""
         self.last = Parsed()
 

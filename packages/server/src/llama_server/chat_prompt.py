@@ -17,6 +17,7 @@ from .prompts import check_request_chars, check_text_size
 from .schemas import ChatBody, Message
 from .state import ServerState
 from .template import ChatTemplate, TemplateError
+from .template_caps import TemplateCaps, adapt_messages
 
 __all__ = ["PromptResult", "render_chat", "validate_chat"]
 
@@ -25,6 +26,8 @@ class PromptResult(msgspec.Struct):
     text: str  # the rendered template (what /apply-template returns)
     tokens: list[int]
     prefilled: bool
+    thinking_open: bool = False  # the prompt ends inside an open thinking block: output starts as reasoning
+    think_tags: tuple[str, str] = ("<think>", "</think>")
 
 
 _MEDIA = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
@@ -118,6 +121,8 @@ def _plan(st: ServerState, body: ChatBody) -> _Plan:
             kwargs["enable_thinking"] = False
         else:
             kwargs["reasoning_effort"] = body.reasoning_effort
+    # as llama.cpp, every template sees enable_thinking: --reasoning off makes it false, else true
+    kwargs.setdefault("enable_thinking", st.config.reasoning != "off")
     tools = body.tools if body.tool_choice != "none" else None
     return _Plan(messages, add_gen, tools, kwargs, prefill)
 
@@ -125,11 +130,17 @@ def _plan(st: ServerState, body: ChatBody) -> _Plan:
 def _render(template: ChatTemplate, tok: Tokenizer, plan: _Plan) -> PromptResult:
     """Render the chat template and tokenize: template text with special-token parsing, the messages' text
     without (a user cannot write control tokens)."""
-    messages = plan.messages
+    caps = template.caps
+    messages = adapt_messages(plan.messages, caps)
     try:
         segments = template.render_segments(messages, plan.add_generation_prompt, plan.tools, plan.kwargs)
     except TemplateError as e:
         raise ApiError(str(e)) from e
+    thinking_open = False
+    if plan.add_generation_prompt and caps.think_open and not plan.prefill:
+        segments, thinking_open = _thinking_tail(
+            segments, caps, plan.kwargs.get("enable_thinking") is not False
+        )
     if plan.prefill:
         # continue the last assistant message: cut the template text after its content
         last_user = max((i for i, (_, user) in enumerate(segments) if user), default=-1)
@@ -144,7 +155,24 @@ def _render(template: ChatTemplate, tok: Tokenizer, plan: _Plan) -> PromptResult
             segments[0] = (segments[0][0][len(bos_text) :], False)
     for piece, user in segments:
         tokens.extend(tok.encode(piece, add_special=False, parse_special=not user))
-    return PromptResult(text, tokens, plan.prefill)
+    return PromptResult(text, tokens, plan.prefill, thinking_open, (caps.think_open, caps.think_close))
+
+
+def _thinking_tail(
+    segments: list[tuple[str, bool]], caps: TemplateCaps, enabled: bool
+) -> tuple[list[tuple[str, bool]], bool]:
+    """Thinking at the end of the prompt, as llama.cpp: a generation prompt that ends in an open block
+    (`<think>\n`) starts the reply inside it; with thinking off, that block is closed, and a template
+    with thinking tags but no `enable_thinking` switch gets an empty block."""
+    text = "".join(t for t, _ in segments)
+    ends_open = text.rstrip().endswith(caps.think_open)
+    if enabled:
+        return segments, ends_open
+    if ends_open:
+        return [*segments, (caps.think_close, False)], False
+    if not caps.thinking_switch:
+        return [*segments, (caps.think_open + caps.think_close, False)], False
+    return segments, False
 
 
 async def render_chat(st: ServerState, body: ChatBody) -> PromptResult:

@@ -12,16 +12,23 @@ it): a user cannot inject `<|im_start|>system`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import string
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.ext
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .template_caps import TemplateCaps, probe_caps
 
 __all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "TemplateError"]
 
@@ -64,10 +71,37 @@ class TemplateError(Exception):
     """The template failed, ran too long or produced too much text."""
 
 
+# list methods a template may call on lists it built itself (Kimi K2 queues tool-call ids); never on inputs
+_LOCAL_LIST_METHODS = frozenset({"append", "pop"})
+MAX_LOCAL_LIST = 65536
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (Hugging Face's marker of assistant text for training
+    masks): renders its body unchanged."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2 reads this class attribute)
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or isinstance(value, jinja2.Undefined)
+
+
 class _Env(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**", "%"})
+    intercepted_binops = frozenset({"*", "**", "%", "+", "~"})
+    # ids of the lists and dicts passed in for the render running on this thread (see `render`)
+    inputs: Any = None
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        # as llama.cpp's engine: an undefined or null operand next to a string counts as ""
+        nulls = operator in ("+", "~") and (_is_null(left) or _is_null(right))
+        if nulls and (isinstance(left, str) or isinstance(right, str)):
+            return ("" if _is_null(left) else str(left)) + ("" if _is_null(right) else str(right))
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if (
@@ -83,31 +117,58 @@ class _Env(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def wrap_str_format(self, value: Any) -> Any:
-        # the sandbox's str.format bounds no padding width ('{:>999999999}'): refuse it altogether
-        if getattr(value, "__name__", None) in ("format", "format_map") and isinstance(
-            getattr(value, "__self__", None), str
-        ):
+        # the sandbox's str.format bounds no padding width ('{:>999999999}'): only format strings whose
+        # field specs are literal and narrow are allowed (Hunyuan's template formats its tool list)
+        fmt = getattr(value, "__self__", None)
+        is_format = getattr(value, "__name__", None) in ("format", "format_map")
+        if is_format and isinstance(fmt, str) and not _narrow_format(fmt):
             return _refuse_format
         return super().wrap_str_format(value)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         if isinstance(obj, str) and attr in _UNSAFE_STR_METHODS:
             return False
+        if isinstance(obj, list) and attr in _LOCAL_LIST_METHODS:
+            frozen = getattr(self.inputs, "ids", None)
+            return frozen is not None and id(obj) not in frozen and len(obj) < MAX_LOCAL_LIST
         return super().is_safe_attribute(obj, attr, value)
 
 
 def _refuse_format(*args: Any, **kwargs: Any) -> None:
-    raise TemplateError("str.format is not available in chat templates")
+    raise TemplateError("str.format with a computed or wide field is not available in chat templates")
+
+
+def _narrow_format(fmt: str) -> bool:
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return False
+    for _, name, spec, _ in fields:
+        if name is None:
+            continue
+        if "{" in (name + (spec or "")) or (spec and re.search(r"\d{4,}", spec)):
+            return False
+    return True
 
 
 def _raise(message: str) -> None:
     raise TemplateError(str(message))
 
 
+def _json_default(value: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if isinstance(value, Iterator | tuple | set | range):  # a filter chain's generator: its items
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _tojson(
     value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False
 ) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys, default=_json_default
+    )
 
 
 def _bounded_format(value: str, *args: Any, **kwargs: Any) -> str:
@@ -129,7 +190,14 @@ def _bounded_indent(value: str, width: int | str = 4, first: bool = False, blank
 
 
 def _make_env() -> _Env:
-    env = _Env(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined, autoescape=False)
+    env = _Env(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.Undefined,
+        autoescape=False,
+        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+    )
+    env.inputs = threading.local()
     env.filters["tojson"] = _tojson
     env.filters["format"] = _bounded_format
     env.filters["center"] = _bounded_center
@@ -141,6 +209,11 @@ def _make_env() -> _Env:
 
 class ChatTemplate:
     """A compiled chat template plus the special-token texts it is rendered with."""
+
+    @functools.cached_property
+    def caps(self) -> TemplateCaps:
+        """What the template supports (probed on first use: a few bounded renders)."""
+        return probe_caps(self)
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
         self.source = source
@@ -160,7 +233,11 @@ class ChatTemplate:
         kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text, as the template writes it."""
+        today = datetime.now()
         ctx: dict[str, Any] = {
+            # what llama.cpp puts in every template's context (kwargs may override them)
+            "datetime": today.strftime("%b %d %Y"),
+            "date_string": today.strftime("%d %b %Y"),
             **(kwargs or {}),
             "messages": list(messages),
             "add_generation_prompt": add_generation_prompt,
@@ -207,6 +284,7 @@ class ChatTemplate:
 
         parts: list[str] = []
         size = 0
+        self._env.inputs.ids = _container_ids(ctx)
         sys.settrace(tracer)
         try:
             for chunk in self._template.generate(**ctx):
@@ -224,7 +302,20 @@ class ChatTemplate:
             raise TemplateError(f"error rendering the chat template: {type(e).__name__}") from e
         finally:
             sys.settrace(previous)
+            self._env.inputs.ids = None
         return "".join(parts)
+
+
+def _container_ids(value: Any, out: set[int] | None = None) -> set[int]:
+    """The ids of every list and dict reachable from the render's inputs: those stay immutable."""
+    out = set() if out is None else out
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict | list) and id(v) not in out:
+            out.add(id(v))
+            stack.extend(v.values() if isinstance(v, dict) else v)
+    return out
 
 
 def _mark(message: dict[str, Any]) -> dict[str, Any]:

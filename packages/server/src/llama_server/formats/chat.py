@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from msgspec import UNSET, Struct, UnsetType
 from msgspec.structs import replace
 
@@ -30,12 +32,18 @@ class Parsing(Struct, frozen=True, gc=False):
 
     reasoning: bool
     tools: bool
+    forced_open: bool = False  # the prompt opened the thinking block (chat_parser.ChatParser)
+    legacy: bool = False  # reasoning_format deepseek-legacy
+    tags: tuple[str, str] = ("<think>", "</think>")
+
+    def _options(self) -> dict[str, Any]:
+        return {"forced_open": self.forced_open, "legacy": self.legacy, "tags": self.tags}
 
     def stream(self) -> ParsedStream:
-        return ParsedStream(self.reasoning, self.tools)
+        return ParsedStream(self.reasoning, self.tools, **self._options())
 
     def parse(self, text: str) -> Parsed:
-        return ChatParser(self.reasoning, self.tools).parse(text, final=True)
+        return ChatParser(self.reasoning, self.tools, **self._options()).parse(text, final=True)
 
 
 class FunctionCall(Struct, gc=False):
