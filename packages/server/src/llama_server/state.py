@@ -20,7 +20,8 @@ from llama_engine.warmup import warm_sampling
 from .config import ServerConfig
 from .prompts import max_piece_chars
 from .resumable import SessionStore
-from .template import BUILTIN_TEMPLATES, CHATML, ChatTemplate
+from .builtin_templates import make_template
+from .template import ChatTemplate
 
 __all__ = ["DRAIN_MESSAGE", "TEXT_WORKERS", "Metrics", "ServerState", "SlotRecord"]
 
@@ -192,15 +193,9 @@ class ServerState:
         tok = engine.tokenizer
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        source = self.config.chat_template
-        if source is not None:
-            source = BUILTIN_TEMPLATES.get(source, source)
-        else:
-            model_tmpl = engine.gguf.metadata.get("tokenizer.chat_template")
-            source = model_tmpl if isinstance(model_tmpl, str) and model_tmpl else CHATML
-        if not self.config.jinja and source not in BUILTIN_TEMPLATES.values():
-            source = CHATML
-        return ChatTemplate(source, bos, eos)
+        model_tmpl = engine.gguf.metadata.get("tokenizer.chat_template")
+        model_src = model_tmpl if isinstance(model_tmpl, str) and model_tmpl else None
+        return make_template(self.config.chat_template, model_src, self.config.jinja, bos, eos)
 
     def shutdown(self) -> None:
         if self._pool is not None:
