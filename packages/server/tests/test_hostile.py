@@ -111,6 +111,23 @@ CASES: list[tuple[str, str, bytes]] = [
     ("slot-id-text", "/slots/abc?action=save", j({"filename": "x.bin"})),
     ("slot-filename-traversal", "/slots/0?action=restore", j({"filename": "../../etc/passwd"})),
     ("slot-filename-control", "/slots/0?action=save", j({"filename": "a\x01b"})),
+    # grammars and schemas
+    (
+        "grammar-60000-parens",
+        C,
+        j({"prompt": "x", "grammar": "root ::= " + "(" * 60_000 + '"a"' + ")" * 60_000}),
+    ),
+    ("grammar-huge-repeat", C, j({"prompt": "x", "grammar": 'root ::= "a"{1000000000}'})),
+    ("grammar-left-recursion", C, j({"prompt": "x", "grammar": 'root ::= root "a" | "b"'})),
+    ("grammar-undefined-rule", CHAT, j({"messages": M, "grammar": "root ::= missing"})),
+    ("grammar-lazy-no-trigger", C, j({"prompt": "x", "grammar": 'root ::= "a"', "grammar_lazy": True})),
+    ("schema-deep", C, b'{"prompt": "x", "json_schema": ' + b'{"items": ' * 5000 + b"{}" + b"}" * 5001),
+    (
+        "schema-unsupported",
+        CHAT,
+        j({"messages": M, "response_format": {"type": "json_object", "schema": {"not": {}}}}),
+    ),
+    ("schema-huge-count", C, j({"prompt": "x", "json_schema": {"type": "string", "minLength": 10**9}})),
 ]
 
 

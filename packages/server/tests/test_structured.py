@@ -289,3 +289,42 @@ def test_cli_bad_grammar_refused(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode != 0 and "kaboom" in (out.stderr + out.stdout)
+
+
+def _template(name: str):
+    import os
+
+    from llama_server.template import ChatTemplate
+
+    src = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
+    return ChatTemplate((src / "models" / "templates" / name).read_text())
+
+
+def _accepts(grammar: str, text: str) -> bool:
+    from llama_engine.grammar import parse_grammar
+    from llama_engine.grammar.compiled import DEAD, CompiledGrammar
+
+    g = CompiledGrammar(parse_grammar(grammar))
+    sid = g.walk(g.initial, [ord(c) for c in text])
+    return sid != DEAD and g.can_end[sid]
+
+
+def test_tool_grammar_hermes_formats() -> None:
+    import msgspec
+
+    from llama_server.schemas import ChatBody
+    from llama_server.structured import tool_call_grammar
+
+    template = _template("Qwen-Qwen2.5-7B-Instruct.jinja")
+    base = {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER, TIME]}
+    one = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
+    two = one + "\n" + one.replace("UTC", "CET")
+    auto = msgspec.convert({**base, "parallel_tool_calls": False}, ChatBody)
+    got = tool_call_grammar(auto, template)
+    assert got is not None and got[1] == "<tool_call>"  # lazy: triggered by the opening tag
+    assert _accepts(got[0], one) and not _accepts(got[0], two)
+    assert tool_call_grammar(msgspec.convert(base, ChatBody), template) is None  # auto, parallel: free
+    req = tool_call_grammar(msgspec.convert({**base, "tool_choice": "required"}, ChatBody), template)
+    assert req is not None and req[1] == ""
+    assert _accepts(req[0], two) and not _accepts(req[0], "hello")
+    assert not _accepts(req[0], one.replace("UTC", "PST"))

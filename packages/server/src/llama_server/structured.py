@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,11 +121,14 @@ def _tool_format(template: ChatTemplate | None) -> str:
     return "json"
 
 
-def _selected_tools(body: ChatBody) -> list[dict[str, Any]] | None:
-    """The tools a call must be to, or None when tool calls are not forced."""
+def _selected_tools(body: ChatBody, fmt: str) -> list[dict[str, Any]] | None:
+    """The tools a call must be to (None: calls are not constrained). With tool_choice "auto" and
+    `parallel_tool_calls: false` every tool, under a lazy grammar (the formats with an opening tag)."""
     choice = body.tool_choice
     tools = [t.get("function", t) for t in body.tools or [] if isinstance(t, dict)]
     tools = [t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
+    if choice in (None, "auto"):
+        return tools or None if body.parallel_tool_calls is False and fmt in _OPENING_TAGS else None
     if choice == "required":
         if not tools:
             raise ApiError('tool_choice "required" needs at least one function in tools')
@@ -139,12 +143,18 @@ def _selected_tools(body: ChatBody) -> list[dict[str, Any]] | None:
     return None
 
 
-def tool_call_grammar(body: ChatBody, template: ChatTemplate | None) -> str | None:
-    """A grammar forcing tool calls to the selected tools in the template's format (None: not forced)."""
-    tools = _selected_tools(body)
+_OPENING_TAGS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
+
+
+def tool_call_grammar(body: ChatBody, template: ChatTemplate | None) -> tuple[str, str] | None:
+    """(grammar, trigger) constraining tool calls to the selected tools in the template's format; the
+    trigger is the opening tag that starts a lazy grammar ("" when the whole reply is calls); None when
+    calls are not constrained."""
+    fmt = _tool_format(template)
+    tools = _selected_tools(body, fmt)
     if tools is None:
         return None
-    fmt = _tool_format(template)
+    lazy = body.tool_choice in (None, "auto")
     args_key = "parameters" if fmt == "llama3" else "arguments"
     conv = SchemaConverter({})
     # a call is written compactly: a small model given llama.cpp's whitespace rule spends its tokens on it
@@ -179,7 +189,7 @@ def tool_call_grammar(body: ChatBody, template: ChatTemplate | None) -> str | No
     else:
         root = call
     conv.add_rule("root", root)
-    return conv.format_grammar()
+    return conv.format_grammar(), _OPENING_TAGS[fmt] if lazy else ""
 
 
 def _literal_body(text: str) -> str:
@@ -190,12 +200,13 @@ def _literal_body(text: str) -> str:
 # -- the request's grammar fields ------------------------------------------------------------------------
 
 
-def _request_grammar(p: GenParams, default: str, template: ChatTemplate | None) -> str:
+def _request_grammar(p: GenParams, default: str, template: ChatTemplate | None) -> str | tuple[str, str]:
+    """The grammar text, or for tool calls (grammar, lazy trigger tag)."""
     if isinstance(p, ChatBody):
+        if p.grammar and p.tools and p.tool_choice != "none":
+            raise ApiError("Cannot use custom grammar constraints with tools.")
         forced = tool_call_grammar(p, template) if p.tools and p.tool_choice != "none" else None
         if forced is not None:
-            if p.grammar:
-                raise ApiError("Cannot use custom grammar constraints with tools.")
             return forced
         if p.grammar and p.tools and p.tool_choice != "none":
             raise ApiError("Cannot use custom grammar constraints with tools.")
@@ -233,16 +244,20 @@ def _triggers(p: GenParams, tok: Tokenizer, preserved: set[int]) -> tuple[Gramma
 def _fields(
     p: GenParams, default: GrammarFields, tok: Tokenizer, template: ChatTemplate | None
 ) -> GrammarFields:
-    grammar = _request_grammar(p, default.grammar, template)
+    got = _request_grammar(p, default.grammar, template)
+    grammar, tag = got if isinstance(got, tuple) else (got, "")
     if grammar:
         check_grammar(grammar)
+    words = list(p.preserved_tokens or [])
+    if tag:  # the opening and closing tags stay in the text the chat parser reads
+        words += [tag, "</tool_call>"]
     preserved = {
-        ids[0]
-        for s in p.preserved_tokens or []
-        if len(ids := tok.encode(s, add_special=False, parse_special=True)) == 1
+        ids[0] for s in words if len(ids := tok.encode(s, add_special=False, parse_special=True)) == 1
     }
     triggers = _triggers(p, tok, preserved)
     lazy = p.grammar_lazy if p.grammar_lazy is not None else default.grammar_lazy
+    if tag:
+        lazy, triggers = True, (GrammarTrigger(type=TriggerType.PATTERN, value=re.escape(tag)),)
     if lazy and grammar and not triggers:
         raise ApiError("Error: no triggers set for lazy grammar!")
     return GrammarFields(
@@ -262,7 +277,9 @@ async def grammar_fields(state: ServerState, p: GenParams) -> GrammarFields:
         nothing = (
             nothing
             and p.response_format is None
-            and not (p.tools and p.tool_choice not in (None, "auto", "none"))
+            and not (
+                p.tools and (p.tool_choice not in (None, "auto", "none") or p.parallel_tool_calls is False)
+            )
         )
     if nothing and not default.grammar:
         return default

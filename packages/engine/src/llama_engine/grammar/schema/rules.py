@@ -69,7 +69,7 @@ _DATE = (
     f'[1-9] [0-9]{{3}} "-" ( ( "0" [13578] | "1" [02] ) "-" {_DAY31} | ( "0" [469] | "11" ) "-" {_DAY30} '
     f'| "02" "-" {_DAY28} )'
 )
-_HOST_LABEL = "[a-z0-9] ([a-z0-9-]{0,61} [a-z0-9])?"
+_HOST_LABEL = "[a-z0-9]{1,20}"  # no hyphens: unambiguous, so the matcher keeps one stack per step
 FORMAT_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "date": (_DATE, ()),
     "time": (
@@ -85,7 +85,7 @@ FORMAT_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "hostname": (f'{_HOST_LABEL} ("." {_HOST_LABEL}){{0,4}}', ()),
     "hostname-string": ('"\\"" hostname "\\""', ("hostname",)),
     "email-string": (
-        '"\\"" [a-zA-Z0-9_+-]{1,32} ("." [a-zA-Z0-9_+-]{1,32}){0,3} "@" hostname "\\""',
+        '"\\"" [a-zA-Z0-9_+]{1,20} ("." [a-zA-Z0-9_+]{1,20}){0,2} "@" hostname "\\""',
         ("hostname",),
     ),
     "ipv4-octet": ('[0-9] | [1-9] [0-9] | "1" [0-9] [0-9] | "2" [0-4] [0-9] | "25" [0-5]', ()),
