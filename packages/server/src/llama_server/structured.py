@@ -66,9 +66,23 @@ def schema_grammar(schema: Any) -> str:
         raise ApiError(f'"json_schema": JSON schema conversion failed:\n{e}') from e
 
 
-@functools.lru_cache(maxsize=64)
 def check_grammar(text: str) -> None:
-    """Parse `text` as GBNF (cached: the same grammar is checked once); GrammarError -> 400."""
+    """Parse `text` as GBNF (a short grammar is checked once, then cached); GrammarError -> 400."""
+    if len(text) <= _CACHED_GRAMMAR_CHARS:
+        _check_cached(text)
+    else:
+        _check(text)
+
+
+_CACHED_GRAMMAR_CHARS = 1 << 16  # the cache holds at most 64 grammars of this size
+
+
+@functools.lru_cache(maxsize=64)
+def _check_cached(text: str) -> None:
+    _check(text)
+
+
+def _check(text: str) -> None:
     try:
         parse_grammar(text)
     except GrammarError as e:
