@@ -69,6 +69,7 @@ def test_llama_cpp_failures_fail(text: str) -> None:
         ('root ::= a\na ::= b\nb ::= "x" c', "parse: error parsing grammar: Undefined rule identifier 'c'"),
         ('rot ::= "a"', "grammar does not contain a 'root' symbol"),
         ("# only a comment\n", "parse: error parsing grammar: the grammar has no rules"),
+        ("%llguidance {}\nstart: /a/", "failed to parse grammar: llguidance is not enabled"),
     ],
 )
 def test_error_messages(text: str, message: str) -> None:

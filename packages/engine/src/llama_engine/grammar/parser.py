@@ -368,6 +368,8 @@ def parse_grammar(
     exists, no rule is left-recursive. ``token_id`` resolves ``<name>`` token references (the text
     must be exactly one token); without it they stay unresolved until ``bind_tokens``.
     """
+    if text.startswith("%llguidance"):  # llama.cpp's Lark grammars, when built with llguidance
+        raise GrammarError("failed to parse grammar: llguidance is not enabled")
     p = _Parser(text.split("\0", 1)[0])
     try:
         p.parse()
