@@ -1,17 +1,35 @@
-"""llama-server compatibility against a real server: header case, templates by name, thinking."""
+"""llama-server compatibility against a real server: header case, stream timings, routes of features that\nare off, embeddings and Anthropic inputs llama-server rejects or converts, Vertex AI prediction mode."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import conftest
 import httpx
 import pytest
-from conftest import Server, start_server, stop_server
+from conftest import Server, assert_error, sse_events, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("compat"), "-c", "1024", "-np", "2", "--temp", "0", "--metrics")
+    """One server for the module, in Vertex AI mode (it listens on AIP_HTTP_PORT; other routes as usual)."""
+    port = conftest.free_port()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIP_MODE", "PREDICTION")
+        mp.setenv("AIP_HTTP_PORT", str(port))
+        mp.setenv("AIP_HEALTH_ROUTE", "vertex-health")
+        mp.setattr(conftest, "free_port", lambda: port)
+        s = start_server(
+            tmp_path_factory.mktemp("compat"),
+            "-c",
+            "1024",
+            "-np",
+            "2",
+            "--temp",
+            "0",
+            "--metrics",
+            "--embeddings",
+        )
     yield s
     stop_server(s)
 
@@ -45,3 +63,106 @@ def test_header_names_in_canonical_case(c):
     assert dict(r.headers.raw)[b"Server"] == b"llama.cpp"
     r = c.get("/nope")  # errors too
     assert r.status_code == 404 and "Content-Type" in _raw_names(r)
+
+
+def test_last_stream_chunk_carries_timings(c):
+    import json
+
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True}
+    with_usage = {**body, "stream_options": {"include_usage": True}}
+    chunks = [
+        json.loads(e)
+        for e in sse_events(c.post("/v1/chat/completions", json=with_usage).text)
+        if e != "[DONE]"
+    ]
+    last = chunks[-1]
+    assert last["choices"] == [] and "usage" in last and last["timings"]["predicted_n"] == 2
+    chunks = [
+        json.loads(e) for e in sse_events(c.post("/v1/chat/completions", json=body).text) if e != "[DONE]"
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "timings" in chunks[-1]
+
+
+def test_routes_of_features_that_are_off(c):
+    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+        err = assert_error(c.post(path, json={"query": "a", "documents": ["b"]}), 501, "not_supported_error")
+        assert "--reranking" in err["message"]
+    err = assert_error(c.post("/v1/audio/transcriptions", files={"file": b"x"}), 501, "not_supported_error")
+    assert err["message"] == "The current model does not support audio input."
+    ctl = "/v1/chat/completions/control"
+    assert assert_error(c.post(ctl, json={}), 400)["message"] == "missing completion id"
+    assert (
+        assert_error(c.post(ctl, json={"id": "x", "action": "go"}), 400)["message"]
+        == "unknown control action"
+    )
+    r = c.post(ctl, json={"id": "chatcmpl-x", "action": "reasoning_end"})
+    assert r.json() == {"success": False, "message": "no active completion for this id"}
+
+
+@pytest.mark.parametrize(
+    "value,status",
+    [
+        ([], 400),
+        ({"content": "string"}, 400),
+        ({"content": [{"type": "unknown"}]}, 400),
+        ({"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}, 500),
+        ({"content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}, 500),
+    ],
+)
+def test_embeddings_reject_what_llamacpp_rejects(c, value, status):
+    err = assert_error(c.post("/v1/embeddings", json={"input": value}), status)
+    if status == 500:
+        assert "input is not supported" in err["message"]
+
+
+def test_embeddings_content_parts_still_work(c):
+    parts = {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}
+    a = c.post("/v1/embeddings", json={"input": parts}).json()["data"][0]["embedding"]
+    b = c.post("/v1/embeddings", json={"input": "hello world"}).json()["data"][0]["embedding"]
+    assert a == b
+
+
+def test_anthropic_image_in_tool_result_is_not_dropped(c):
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [{"type": "text", "text": "File"}, image],
+    }
+    messages = [
+        {"role": "user", "content": "What is in this image?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+        {"role": "user", "content": [result]},
+    ]
+    err = assert_error(
+        c.post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": messages}), 500
+    )
+    assert "image input is not supported" in err["message"]
+
+
+def test_vertex_predict(srv, c):
+    chat = {"max_tokens": 3, "messages": [{"role": "user", "content": "Say hello"}], "stream": True}
+    body = {
+        "instances": [
+            {"@requestFormat": "chatCompletions", **chat},
+            {"@requestFormat": "/v1/chat/completions", **chat},
+            {"@requestFormat": "applyTemplate", "messages": chat["messages"]},
+            {"@requestFormat": "nope"},
+            7,
+        ]
+    }
+    r = c.post("/predict", json=body)
+    assert r.status_code == 200
+    p = r.json()["predictions"]
+    assert len(p) == 5
+    assert (
+        p[0]["object"] == "chat.completion" and p[0]["choices"][0]["message"]["content"]
+    )  # stream forced off
+    assert p[1]["choices"][0]["message"]["content"] == p[0]["choices"][0]["message"]["content"]
+    assert "Say hello" in p[2]["prompt"]
+    assert p[3]["error"]["message"] == "no handler registered for @requestFormat: nope"
+    assert p[4]["error"]["message"] == "each instance must be a JSON object"
+    assert_error(c.post("/predict", json={"instances": 1}), 400)
+    assert_error(c.post("/predict", json={"instances": [{}] * 129}), 400)
+    assert c.get("/vertex-health").json() == {"status": "ok"}

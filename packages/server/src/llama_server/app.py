@@ -33,6 +33,7 @@ import llama_webui
 
 from .config import ServerConfig
 from .controllers import CONTROLLERS
+from .controllers.predict import vertex_routes
 from .errors import ApiError, error_body
 from .headers import CanonicalHeaders
 from .middleware import EdgeMiddleware, IOTimeouts
@@ -176,7 +177,12 @@ def create_app(state: ServerState | ServerConfig) -> Litestar:
             st.shutdown()
 
     app = Litestar(
-        route_handlers=[*CONTROLLERS, *tools_route_handlers(tools), *webui_routes],
+        route_handlers=[
+            *CONTROLLERS,
+            *tools_route_handlers(tools),
+            *webui_routes,
+            *vertex_routes(st.config.api_prefix),
+        ],
         lifespan=[lifespan, tools.lifespan],
         dependencies={"server": Provide(lambda: st, use_cache=True, sync_to_thread=False)},
         exception_handlers={

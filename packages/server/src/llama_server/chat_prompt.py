@@ -19,7 +19,7 @@ from .state import ServerState
 from .template import ChatTemplate, TemplateError
 from .template_caps import TemplateCaps, adapt_messages
 
-__all__ = ["PromptResult", "render_chat", "validate_chat"]
+__all__ = ["PromptResult", "media_not_supported", "render_chat", "validate_chat"]
 
 
 class PromptResult(msgspec.Struct):
@@ -33,6 +33,15 @@ class PromptResult(msgspec.Struct):
 _MEDIA = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
 
 
+def media_not_supported(part_type: str) -> ApiError:
+    """llama.cpp's error for an image, audio or video part given to a model without a projector."""
+    return ApiError(
+        f"{_MEDIA[part_type]} input is not supported - hint: if this is unexpected, you may need to provide "
+        "the mmproj",
+        "server_error",
+    )
+
+
 def _content_text(m: Message) -> str | None:
     if m.content is None or isinstance(m.content, str):
         return m.content
@@ -43,11 +52,7 @@ def _content_text(m: Message) -> str | None:
                 raise ApiError("content part of type 'text' needs a 'text' string")
             texts.append(part.text)
         elif part.type in _MEDIA:
-            raise ApiError(
-                f"{_MEDIA[part.type]} input is not supported - hint: if this is unexpected, you may need to provide "
-                "the mmproj",
-                "server_error",
-            )
+            raise media_not_supported(part.type)
         else:
             raise ApiError("unsupported content[].type")
     return "\n".join(texts)
@@ -123,6 +128,7 @@ def _plan(st: ServerState, body: ChatBody) -> _Plan:
             kwargs["reasoning_effort"] = body.reasoning_effort
     # as llama.cpp, every template sees enable_thinking: --reasoning off makes it false, else true
     kwargs.setdefault("enable_thinking", st.config.reasoning != "off")
+    kwargs.setdefault("preserve_reasoning", True)  # llama-server's default template variable
     tools = body.tools if body.tool_choice != "none" else None
     return _Plan(messages, add_gen, tools, kwargs, prefill)
 

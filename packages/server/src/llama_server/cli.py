@@ -541,6 +541,8 @@ def main(**kw: Any) -> None:
     if not (kw["model"] or kw["hf_repo"] or kw["model_url"]) and (kw["models_dir"] or kw["models_preset"]):
         run_router()
     cfg = build_config(kw)
+    if os.environ.get("AIP_MODE") == "PREDICTION":  # Vertex AI: the platform names the port
+        cfg = dataclasses.replace(cfg, port=int(os.environ.get("AIP_HTTP_PORT") or 8080))
     log_level = _setup_logging(kw)
     sock = None
     if cfg.port == 0 and not cfg.host.endswith(".sock"):  # pick a free port, and report the real one

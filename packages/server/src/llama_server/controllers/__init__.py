@@ -4,6 +4,7 @@ from .anthropic import AnthropicController
 from .chat import ChatController
 from .completion import CompletionController
 from .embeddings import EmbeddingsController
+from .feature_off import FeatureOffController
 from .health import HealthController
 from .metrics import MetricsController
 from .models import ModelsController
@@ -26,6 +27,7 @@ CONTROLLERS = [
     SlotsController,
     MetricsController,
     StreamsController,
+    FeatureOffController,
 ]
 
 __all__ = ["CONTROLLERS"]

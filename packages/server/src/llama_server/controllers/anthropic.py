@@ -34,6 +34,25 @@ def _image_url(src: dict[str, Any]) -> str:
     return str(src.get("url", ""))
 
 
+def _tool_result(content: Any) -> str | list[dict[str, Any]]:
+    """A tool result's content: its text, or text and image parts when it holds images (a model without a
+    projector then answers that image input is not supported, as llama-server, instead of losing them)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    images = [b for b in content if isinstance(b, dict) and b.get("type") == "image"]
+    if not images:
+        return _blocks_text(content)
+    parts: list[dict[str, Any]] = []
+    for b in content:
+        if isinstance(b, dict) and b.get("type") == "text":
+            parts.append({"type": "text", "text": str(b.get("text", ""))})
+        elif isinstance(b, dict) and b.get("type") == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(b.get("source") or {})}})
+    return parts
+
+
 def _tool(t: dict[str, Any]) -> dict[str, Any]:
     fn = {
         "name": t.get("name"),
@@ -69,9 +88,10 @@ def _convert_message(m: Any) -> list[dict[str, Any]]:
             fn = {"name": str(b.get("name", "")), "arguments": json.dumps(b.get("input", {}))}
             tool_calls.append({"type": "function", "id": str(b.get("id", "")), "function": fn})
         elif kind == "tool_result":
-            c = b.get("content")
-            text = c if isinstance(c, str) else _blocks_text(c) if isinstance(c, list) else ""
-            tool_msgs.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")), "content": text})
+            tool_id = str(b.get("tool_use_id", ""))
+            tool_msgs.append(
+                {"role": "tool", "tool_call_id": tool_id, "content": _tool_result(b.get("content"))}
+            )
     msg: dict[str, Any] = {"role": role, "content": parts}
     if reasoning:
         msg["reasoning_content"] = reasoning

@@ -13,6 +13,7 @@ from litestar.params import JSONBody
 from llama_engine import EmbeddingRequest, Pooling
 
 from ..bridge import until_disconnect
+from ..chat_prompt import media_not_supported
 from ..errors import ApiError
 from ..prompts import tokenize_request
 from ..schemas import EmbeddingBody
@@ -22,25 +23,26 @@ from ._common import SharedState, json_response, unless_disconnected
 __all__ = ["EmbeddingsController"]
 
 
+_SHAPES = (
+    '"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, or a list '
+    "of mixed strings & tokens."
+)
+
+
 def _flatten_content(item: Any) -> Any:
-    """`{"content": [parts]}` inputs become their text parts joined without separator."""
+    """`{"content": [parts]}` inputs become their text parts joined without separator; as llama.cpp, a
+    `content` that is not a list of parts, an unknown part type and media parts (no projector) are 400s."""
     if isinstance(item, dict) and "content" in item:
         parts = item["content"]
-        if isinstance(parts, str):
-            return parts
         if not isinstance(parts, list):
-            raise ApiError("content must be a string or an array of parts")
+            raise ApiError(_SHAPES)
         texts = []
         for p in parts:
-            if not isinstance(p, dict) or p.get("type") not in (
-                "text",
-                "image_url",
-                "input_audio",
-                "input_video",
-            ):
+            kind = p.get("type") if isinstance(p, dict) else None
+            if kind in ("image_url", "input_audio", "input_video"):
+                raise media_not_supported(kind)
+            if kind != "text":
                 raise ApiError("unsupported content[].type")
-            if p["type"] != "text":
-                raise ApiError("media input is not supported by this model")
             if not isinstance(p.get("text"), str):
                 raise ApiError("text parts need a 'text' string")
             texts.append(p["text"])

@@ -191,7 +191,9 @@ class ChatFormatter(Formatter):
     def closing(self) -> list[ChatCompletionChunk]:
         if not self.include_usage:
             return []
-        return [replace(self.head, usage=usage_of(self.finals, one_prompt=True))]
+        # as llama-server: the last chunk (the usage one, empty choices) carries the timings too
+        tm = timings_out(self.finals[-1].timings) if self.finals else UNSET
+        return [replace(self.head, usage=usage_of(self.finals, one_prompt=True), timings=tm)]
 
     def result(self, choices: list[Choice]) -> ChatCompletion:
         out = []
