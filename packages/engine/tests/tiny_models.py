@@ -7,6 +7,7 @@ plus three specials, enough for the engine to load the file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +43,13 @@ def _byte_tokens() -> list[str]:
 
 
 def write_tiny_model(
-    path: Path, arch: str, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0
+    path: Path,
+    arch: str,
+    seed: int = 0,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
+    extra: Callable[[GGUFWriter, np.random.Generator], None] | None = None,
 ) -> Path:
+    """A tiny random model of `arch`; `extra(writer, rng)` adds metadata or tensors before it is written."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path)
     a = arch + "."
@@ -118,6 +124,8 @@ def write_tiny_model(
         if arch == "gemma3":
             vec(p + "post_attention_norm.weight", N_EMBD)
             vec(p + "post_ffw_norm.weight", N_EMBD)
+    if extra is not None:
+        extra(w, rng)
     w.finish()
     return path
 

@@ -2,12 +2,13 @@
 
 A job runs under the scheduler's token budget like a prompt: each step takes what the budget leaves
 after decode tokens, so a long input never stalls concurrent streams. Only the rows its pooling reads are
-asked for (all for mean and none, the first for cls, the last for last).
+asked for (all for mean and none, the first for cls, the last for last and rank).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,7 +43,7 @@ class EmbeddingJob:
         pooling = self.request.pooling
         if pooling == Pooling.CLS:
             return (0, 1) if self.n_done == 0 else (0, 0)
-        if pooling == Pooling.LAST:
+        if pooling in (Pooling.LAST, Pooling.RANK):  # rank pooling of a causal model reads the last token
             return (n - 1, n) if n == self.n_left else (0, 0)
         return 0, n
 
@@ -56,8 +57,11 @@ class EmbeddingJob:
             self.rows[at : at + len(hidden)] = hidden
         self.n_done += n
 
-    def result(self) -> np.ndarray:
+    def result(self, head: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """The pooled vector; rank pooling gives `head`'s scores of the last row (unnormalized)."""
         assert self.rows is not None and self.n_left == 0
+        if self.request.pooling == Pooling.RANK:
+            return head(self.rows[-1]) if head is not None else self.rows[-1].copy()
         return pool(self.rows, self.request.pooling, self.request.normalize)
 
 

@@ -39,6 +39,7 @@ from .handles import (
 )
 from .kv_cache import KVCacheFullError
 from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, TokenEvent
+from .rerank import RankHead
 from .scheduler import Scheduler, SlotState
 from .speculative import SpeculativeConfig, Speculator
 from .state_file import PoolState, SeqState, StateFileError, model_fingerprint, read_state, write_state
@@ -153,6 +154,7 @@ class Engine:
             self.model.shift_k,
             self._wake,
         )
+        self.scheduler.rank_head = RankHead(self.model)
         self.speculator: Speculator | None = None
         spec = config.speculative
         if spec is not None and spec.enabled:  # a draft model that does not fit the target fails here

@@ -35,6 +35,7 @@ class Pooling(enum.IntEnum):
     MEAN = 1
     CLS = 2
     LAST = 3
+    RANK = 4  # a reranker's score: the last token through the model's classification head
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -145,6 +145,7 @@ class Scheduler:
         # step times, so streams keep a steady pace beside a long prompt); n_batch: no bound
         self.prefill_cap = n_batch
         self.speculator: Speculator | None = None  # drafts for generating slots (speculative decoding)
+        self.rank_head: Callable[[np.ndarray], np.ndarray] | None = None  # rank pooling's classifier
 
     # -- admission ---------------------------------------------------------------------------------------
 
@@ -381,7 +382,7 @@ class Scheduler:
                 job = self.embeddings[0]
                 job.take(n, hidden[o : o + step.n_out[q]])
                 if job.n_left == 0:
-                    self._end_embedding(job, job.result(), True)
+                    self._end_embedding(job, job.result(self.rank_head), True)
                 continue
             s = self.slots[q]
             s.last_used = now
