@@ -84,9 +84,6 @@ def test_last_stream_chunk_carries_timings(c):
 
 
 def test_routes_of_features_that_are_off(c):
-    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
-        err = assert_error(c.post(path, json={"query": "a", "documents": ["b"]}), 501, "not_supported_error")
-        assert "--reranking" in err["message"]
     err = assert_error(c.post("/v1/audio/transcriptions", files={"file": b"x"}), 501, "not_supported_error")
     assert err["message"] == "The current model does not support audio input."
     ctl = "/v1/chat/completions/control"
@@ -166,3 +163,31 @@ def test_vertex_predict(srv, c):
     assert_error(c.post("/predict", json={"instances": 1}), 400)
     assert_error(c.post("/predict", json={"instances": [{}] * 129}), 400)
     assert c.get("/vertex-health").json() == {"status": "ok"}
+
+
+def test_several_hosts_and_thinking_off(tmp_path):
+    """`--host a,b` listens on both addresses; `-rea off` closes the thinking block that a DeepSeek R1
+    template opens, as llama-server's /apply-template shows; `--chat-template NAME` is a built-in."""
+    from test_templates_llamacpp import TEMPLATES
+
+    src = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+    s = start_server(
+        tmp_path,
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "--host",
+        "127.0.0.1,::1",
+        "--chat-template-file",
+        str(src),
+        "-rea",
+        "off",
+    )
+    try:
+        msgs = {"messages": [{"role": "user", "content": "What is today?"}]}
+        for base in (s.base_url, s.base_url.replace("127.0.0.1", "[::1]")):
+            r = httpx.post(base + "/apply-template", json=msgs, timeout=60)
+            assert r.json()["prompt"].endswith("<｜Assistant｜><think>\n</think>"), r.text
+    finally:
+        stop_server(s)

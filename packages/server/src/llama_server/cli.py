@@ -29,6 +29,7 @@ from llama_engine.kv_cache import KV_TYPES
 from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
+from .listen import bind_all, host_list
 from .structured import default_grammar
 
 __all__ = ["build_config", "main", "serve"]
@@ -545,7 +546,11 @@ def main(**kw: Any) -> None:
         cfg = dataclasses.replace(cfg, port=int(os.environ.get("AIP_HTTP_PORT") or 8080))
     log_level = _setup_logging(kw)
     sock = None
-    if cfg.port == 0 and not cfg.host.endswith(".sock"):  # pick a free port, and report the real one
+    hosts = host_list(kw["host"])
+    sockets = bind_all(hosts, cfg.port) if len(hosts) > 1 else None  # --host a,b: listen on each
+    if sockets:
+        cfg = dataclasses.replace(cfg, port=sockets[0].getsockname()[1])
+    elif cfg.port == 0 and not cfg.host.endswith(".sock"):  # pick a free port, and report the real one
         sock = socket.create_server((cfg.host, 0))
         cfg = dataclasses.replace(cfg, port=sock.getsockname()[1])
     state = ServerState(cfg, exit_on_load_error=True)
@@ -559,6 +564,8 @@ def main(**kw: Any) -> None:
     where: dict[str, Any] = (
         {"fd": sock.fileno()} if sock is not None else {"host": cfg.host, "port": cfg.port, "uds": uds}
     )
+    if sockets:
+        where = {"sockets": sockets}
     serve(
         app,
         state,
@@ -582,8 +589,9 @@ def serve(app: Any, state: Any, **uvicorn_options: Any) -> None:
                 return
             super().handle_exit(sig, frame)
 
+    sockets = uvicorn_options.pop("sockets", None)
     config = uvicorn.Config(app, timeout_graceful_shutdown=5, server_header=False, **uvicorn_options)
-    DrainingServer(config).run()
+    DrainingServer(config).run(sockets=sockets)
 
 
 def _samplers_kw(samplers: tuple[str, ...] | None) -> dict[str, Any]:

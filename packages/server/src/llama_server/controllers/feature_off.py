@@ -1,7 +1,6 @@
 """Routes llama-server has whose feature this server does not offer (or the command line left off): they
 answer as llama-server does then, instead of 404.
 
-- `/rerank` (and `/reranking`, `/v1/rerank`, `/v1/reranking`): 501 without `--reranking`.
 - `/v1/audio/transcriptions` (and `/audio/transcriptions`): 501, no audio projector is loaded.
 - `/v1/chat/completions/control` (endpoints.md §5.4): the body is checked as llama-server checks it; no
   running completion accepts reasoning control here, so a well-formed call answers `success: false`.
@@ -18,16 +17,7 @@ from ._common import json_response
 
 __all__ = ["FeatureOffController"]
 
-RERANK_PATHS = ["/rerank", "/reranking", "/v1/rerank", "/v1/reranking"]
-
-
 class FeatureOffController(Controller):
-    @post(RERANK_PATHS, status_code=200)
-    async def rerank(self) -> Response:
-        raise ApiError(
-            "This server does not support reranking. Start it with `--reranking`", "not_supported_error"
-        )
-
     @post(["/v1/audio/transcriptions", "/audio/transcriptions"], status_code=200)
     async def transcriptions(self) -> Response:
         raise ApiError("The current model does not support audio input.", "not_supported_error")
