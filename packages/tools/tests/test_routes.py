@@ -171,6 +171,7 @@ def test_proxy_headers_status_body(client, upstream):
         ("/relative", "invalid target URL: missing host"),
         ("", "invalid target URL: missing host"),
         ("http://[::1/", "invalid target URL"),
+        ("http://127.0.0.1:80x/", "invalid target URL"),
     ],
 )
 def test_proxy_refuses(client, url, message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 from conftest import call
@@ -26,8 +27,16 @@ def test_glob_rules():
     assert path_glob_match("*.cpp", "deep/down/x.cpp")  # no slash: the base name at any depth
     assert path_glob_match("src/*.cpp", "src/main.cpp") and path_glob_match("src/*.cpp", "a/src/main.cpp")
     assert not path_glob_match("/src/*.cpp", "a/src/main.cpp")
-    assert glob_match("[z-a]", "[z-a]")  # an invalid class is literal text, not an exception
+    assert not glob_match("[z-a]", "q") and glob_match("[a", "[a")  # odd classes: no exception
     assert glob_match("*a*a*a*a*a*a*a*a*b", "a" * 60 + "b")
+    assert not glob_match("[!a]b", "/b") and glob_match("[!a]b", "cb")
+
+
+def test_glob_is_linear_on_hostile_patterns():
+    start = time.monotonic()
+    assert not glob_match("**/" * 500 + "*a*a*a*a*a*a*b", "a" * 200)
+    assert not glob_match("*a" * 300 + "b", "a" * 300)
+    assert time.monotonic() - start < 2
 
 
 def test_glob_types_depth_and_limit(tmp_path):

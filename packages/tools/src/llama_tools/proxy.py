@@ -94,7 +94,10 @@ class CorsProxy:
             self._client = httpx.AsyncClient(timeout=TIMEOUT_S, follow_redirects=False, trust_env=False)
         out = forwarded_headers(headers)
         out.setdefault("accept-encoding", "identity")  # the body is relayed as is, headers included
-        request = self._client.build_request(method, target, headers=out, content=body or None)
+        try:
+            request = self._client.build_request(method, target, headers=out, content=body or None)
+        except (httpx.InvalidURL, ValueError) as e:
+            raise ProxyError(f"invalid target URL: {e}") from None
         log.info("proxying %s request to %s", method, target.split("?", 1)[0])
         return ProxyReply(await self._client.send(request, stream=True))
 

@@ -27,4 +27,6 @@ def download_for_server(
             print(f"llama-server: downloading {name}: {done}/{total or '?'} bytes ({pct}%)", file=sys.stderr)
 
     # the projector is not fetched: this server loads text models only
-    return download_model(spec, hf_file=hf_file, token=token, offline=offline, mmproj=False, progress=progress)
+    return download_model(
+        spec, hf_file=hf_file, token=token, offline=offline, mmproj=False, progress=progress
+    )
