@@ -247,7 +247,8 @@ def _opts(f: Any) -> Any:
         o("-r", "--reverse-prompt", multiple=True, help="Default stop string (repeatable)."),
         # embeddings
         o("--embedding", "--embeddings", "embeddings", is_flag=True, envvar="LLAMA_ARG_EMBEDDINGS"),
-        o("--pooling", envvar="LLAMA_ARG_POOLING", type=click.Choice(["none", "mean", "cls", "last"])),
+        o("--pooling", envvar="LLAMA_ARG_POOLING", type=click.Choice(["none", "mean", "cls", "last", "rank"])),
+        o("--rerank", "--reranking", "reranking", is_flag=True, envvar="LLAMA_ARG_RERANKING"),
         o("--embd-normalize", type=int, default=2),
         # sampling
         o("-s", "--seed", type=int, default=-1),
@@ -487,8 +488,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         reasoning_budget=kw["reasoning_budget"],
         prefill_assistant=kw["prefill_assistant"],
         reverse_prompts=tuple(_unescape(r) for r in kw["reverse_prompt"]),
-        embeddings=kw["embeddings"],
-        pooling=kw["pooling"],
+        embeddings=kw["embeddings"] or kw["reranking"],  # --reranking: embeddings with rank pooling
+        pooling="rank" if kw["reranking"] else kw["pooling"],
         embd_normalize=kw["embd_normalize"],
         sampling=sampling,
         verbose=kw["verbose"],

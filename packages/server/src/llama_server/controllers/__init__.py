@@ -9,6 +9,7 @@ from .health import HealthController
 from .metrics import MetricsController
 from .models import ModelsController
 from .props import PropsController
+from .rerank import RerankController
 from .responses import ResponsesController
 from .slots import SlotsController
 from .streams import StreamsController
@@ -21,6 +22,7 @@ CONTROLLERS = [
     AnthropicController,
     ResponsesController,
     EmbeddingsController,
+    RerankController,
     TokenizeController,
     PropsController,
     ModelsController,
