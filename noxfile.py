@@ -256,6 +256,6 @@ def webui(session: nox.Session) -> None:
     session.run("npx", "vitest", "run", external=True)
     if "--no-e2e" in session.posargs:
         return
-    _install(session, ["server"])
+    _install(session, ["server", "router"])  # router mode: the browser tests start llama-router too
     env = {"E2E_PYTHON": str(Path(session.bin) / "python"), "E2E_SCREENSHOTS": "0"}
     session.run("node", "e2e/run.mjs", external=True, env=env)

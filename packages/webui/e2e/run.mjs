@@ -1,99 +1,52 @@
 // Browser tests of the web UI: headless Chromium (Debian's package, driven by playwright-core) against a
-// real llama-server with the bundled SmolLM2 model and an API key.
+// real llama-server with the bundled SmolLM2 model, an API key and its built-in tools (working in a
+// scratch folder).
 //
 //   node e2e/run.mjs                       # starts `python3 -m llama_server` itself
 //   E2E_PYTHON=/path/to/python node e2e/run.mjs
 //   E2E_URL=http://127.0.0.1:8080 E2E_KEY=k node e2e/run.mjs   # an already running server
 //   E2E_SCREENSHOTS=0 ...                  # do not rewrite screenshots/
+//   E2E_SUITES=router ...                  # only some suites (default: chat,router; router mode needs
+//                                          # the llama-router package and is left out with E2E_URL)
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, dirname } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
+import { join } from 'node:path';
+import { launch, results, send, shot, step as runStep, waitForReply } from './harness.mjs';
+import { startRelay } from './proxy.mjs';
+import { routerSuite } from './router.mjs';
 import { startServer } from './server.mjs';
 
-const here = dirname(fileURLToPath(import.meta.url));
-const shots = join(here, '..', 'screenshots');
 const tmp = mkdtempSync(join(tmpdir(), 'llama-webui-e2e-'));
 const KEY = process.env.E2E_KEY ?? 'e2e-secret-key';
-const saveShots = process.env.E2E_SCREENSHOTS !== '0';
+const python = process.env.E2E_PYTHON ?? 'python3';
+const work = join(tmp, 'work'); // the tools' working folder
+mkdirSync(work);
 
 let server = null;
+let relay = null; // the browser talks to the server through it
 let context = null;
-let passed = 0;
-const failed = [];
-
-async function step(name, fn) {
-	const t0 = Date.now();
-	try {
-		await fn();
-		passed++;
-		console.log(`ok   ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
-	} catch (e) {
-		failed.push(name);
-		console.log(
-			`FAIL ${name}\n     ${String(e?.stack ?? e)
-				.split('\n')
-				.slice(0, 6)
-				.join('\n     ')}`
-		);
-		if (context)
-			await context
-				.pages()[0]
-				?.screenshot({ path: join(tmp, `fail-${passed + failed.length}.png`) })
-				.catch(() => {});
-	}
-}
-
-async function shot(page, name) {
-	if (saveShots) await page.screenshot({ path: join(shots, name) });
-}
-
-/** The text of the last reply once its stream has ended (the Send button is back). */
-async function waitForReply(page, timeout = 120_000) {
-	await page.locator('[data-testid="chat"][data-busy="false"]').waitFor({ timeout });
-	return (await page.getByTestId('message').last().getByTestId('message-content').innerText()).trim();
-}
-
-/** Type and send a message; returns once its request has left (the reply is streaming from then on). */
-async function send(page, text) {
-	await page.getByLabel('Message', { exact: true }).fill(text);
-	const request = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions'));
-	await page.keyboard.press('Enter');
-	await request;
-}
+const step = (name, fn) => runStep(name, fn, tmp);
+const suites = (process.env.E2E_SUITES ?? 'chat,router').split(',');
 
 async function main() {
 	let url = process.env.E2E_URL;
 	if (!url) {
-		const python = process.env.E2E_PYTHON ?? 'python3';
 		const log = join(tmp, 'server.log');
 		console.log(`starting llama-server (${python}), log: ${log}`);
-		server = await startServer({ python, log, args: ['--api-key', KEY, '-c', '4096', '-np', '2'] });
+		const args = ['--api-key', KEY, '-c', '4096', '-np', '2', '--tools', 'all'];
+		server = await startServer({ python, log, args, cwd: work });
 		url = server.url;
 	}
-	context = await chromium.launchPersistentContext(join(tmp, 'profile'), {
-		executablePath: process.env.E2E_CHROMIUM ?? '/usr/bin/chromium',
-		headless: false, // the flags below make it headless, as given
-		args: [
-			'--headless',
-			'--no-sandbox',
-			'--disable-gpu',
-			'--disable-quic',
-			'--no-first-run',
-			'--disable-background-networking',
-			'--disable-component-update',
-			'--disable-sync'
-		],
-		viewport: { width: 1280, height: 800 },
-		colorScheme: 'light'
-	});
-	const page = context.pages()[0] ?? (await context.newPage());
-	page.setDefaultTimeout(30_000);
+	relay = await startRelay(url);
+	url = relay.url;
+	let page;
+	({ context, page } = await launch(join(tmp, 'profile')));
 	const requests = [];
+	const replays = []; // GET /v1/stream URLs
 	page.on('request', (r) => {
 		if (r.url().endsWith('/v1/chat/completions')) requests.push(JSON.parse(r.postData() ?? '{}'));
+		if (r.url().includes('/v1/stream?')) replays.push(r.url());
 	});
 
 	await step('the app asks for the API key, rejects a wrong one and accepts the right one', async () => {
@@ -230,13 +183,50 @@ async function main() {
 		const data = JSON.parse(readFileSync(file, 'utf8'));
 		assert.equal(data.conversations.length, 1);
 		assert.equal(data.conversations[0].messages.length, 6); // both branches
-		page.once('dialog', (d) => d.accept());
 		await list.getByRole('button', { name: 'Delete What is the capital of France?' }).click();
+		await page.getByRole('alertdialog').getByRole('button', { name: 'Delete' }).click();
 		await page.getByText('No conversations yet').waitFor();
 		await page.getByTestId('import-input').setInputFiles(file);
 		await page.getByText('Imported 1 new, 0 as copies, 0 already there.').waitFor();
 		await list.getByRole('button', { name: 'What is the capital of France?', exact: true }).click();
 		await page.getByTestId('message').nth(3).waitFor();
+	});
+
+	await step('a reload mid-reply re-attaches to the generation and the reply finishes in place', async () => {
+		await page.getByTestId('new-conversation').click();
+		await send(page, 'Tell me about the moon.');
+		const reply = page.getByTestId('message').nth(1).getByTestId('message-content');
+		await reply.locator('.markdown').waitFor(); // the first tokens arrived
+		await page.waitForTimeout(600); // saved with its byte offset
+		const before = (await reply.innerText()).trim();
+		const sent = requests.length;
+		await page.reload();
+		await page.getByTestId('message').nth(1).waitFor();
+		const reply2 = page.getByTestId('message').nth(1).getByTestId('message-content');
+		const text = await waitForReply(page);
+		assert.equal(requests.length, sent, 'the question was not asked again');
+		assert.ok(replays.length > 0, 'no GET /v1/stream');
+		assert.match(replays.at(-1), /from=[1-9]/); // from the saved offset, not from the start
+		assert.ok(text.startsWith(before.slice(0, 20)) && text.length > before.length, `${before} / ${text}`);
+		assert.equal(await reply2.getByTestId('stopped').count(), 0);
+		assert.equal(await page.getByTestId('message').count(), 2); // in place: no second reply
+		await page.getByTestId('message').nth(1).getByTestId('resumed').waitFor();
+		await page.mouse.move(0, 0);
+		await shot(page, 'resumed-after-reload.png');
+	});
+
+	await step('a dropped connection mid-reply reconnects and the reply finishes', async () => {
+		await send(page, 'And about the sun?');
+		const reply = page.getByTestId('message').nth(3).getByTestId('message-content');
+		await reply.locator('.markdown').waitFor();
+		const n = replays.length;
+		relay.drop(); // the connection dies mid-reply
+		const text = await waitForReply(page);
+		assert.ok(replays.length > n, 'no replay after the drop');
+		assert.ok(text.length > 0);
+		assert.equal(await reply.getByTestId('stopped').count(), 0);
+		assert.equal(await page.getByTestId('error').count(), 0);
+		await page.getByTestId('message').nth(3).getByTestId('resumed').waitFor();
 	});
 
 	await step('an attached text file and the system prompt are sent; images are refused', async () => {
@@ -266,6 +256,75 @@ async function main() {
 		assert.match(req.messages[1].content, /notes\.txt[\s\S]*Llamas hum\.[\s\S]*Summarize the file\./);
 	});
 
+	await step('a tool call asks for permission, runs on the server and its result goes back', async () => {
+		// a few examples of the call format, so the small model answers with a call
+		const examples = [
+			['Write hello to a.txt', 'a.txt', 'hello'],
+			['Write llama to b.txt', 'b.txt', 'llama']
+		];
+		const messages = [];
+		let parent = null;
+		examples.forEach(([q, path, content], i) => {
+			const call = JSON.stringify({ name: 'write_file', arguments: { path, content } });
+			for (const [role, text] of [
+				['user', q],
+				['assistant', `<tool_call>${call}</tool_call>`]
+			]) {
+				const id = `m${i}${role}`;
+				messages.push({ id, convId: 'tools', parent, role, content: text, createdAt: messages.length + 1 });
+				parent = id;
+			}
+		});
+		const conversation = { id: 'tools', name: 'Files', currentLeaf: parent, createdAt: 1, updatedAt: 1 };
+		const file = join(tmp, 'tools.json');
+		writeFileSync(
+			file,
+			JSON.stringify({
+				format: 'llama-webui/conversations',
+				version: 1,
+				conversations: [{ conversation, messages }]
+			})
+		);
+		await page.getByTestId('import-input').setInputFiles(file);
+		await page.getByRole('button', { name: 'Files', exact: true }).click();
+		await page.getByRole('button', { name: 'Settings' }).click();
+		const dialog = page.getByRole('dialog');
+		await dialog.getByLabel('System prompt').fill('You call tools. Answer only with a tool call.');
+		await dialog.getByLabel('System prompt').press('Tab');
+		await dialog.locator('input[name="temperature"]').fill('0');
+		await dialog.locator('input[name="temperature"]').press('Tab');
+		await page.keyboard.press('Escape');
+		await send(page, 'Write alpaca to c.txt');
+		const ask = page.getByTestId('permission');
+		await ask.waitFor({ timeout: 120_000 });
+		assert.ok(requests.at(-1).tools.some((t) => t.function.name === 'write_file'));
+		const args = JSON.parse(await ask.getByTestId('permission-args').innerText());
+		assert.equal(args.content, 'alpaca');
+		await shot(page, 'tool-permission.png');
+		assert.ok(!existsSync(join(work, args.path)), 'ran before it was allowed');
+		const asked = requests.length;
+		await ask.getByRole('button', { name: 'Allow', exact: true }).click();
+		await page.getByTestId('tool-result').first().waitFor();
+		assert.equal(readFileSync(join(work, args.path), 'utf8'), 'alpaca');
+		// the result goes back to the model as a tool message, and the loop ends with its answer
+		const idle = page.locator('[data-testid="chat"][data-busy="false"]');
+		await idle.or(ask).waitFor({ timeout: 180_000 });
+		if (await ask.count()) {
+			// another call: the user stops the loop at its prompt
+			await page.getByRole('button', { name: 'Stop' }).click();
+			await idle.waitFor();
+		}
+		assert.ok(requests.length > asked, 'the result was not sent back');
+		const next = requests[asked].messages;
+		assert.equal(next.at(-1).role, 'tool');
+		assert.match(next.at(-1).content, /file written successfully/);
+		assert.equal(next.at(-2).tool_calls[0].function.name, 'write_file');
+		assert.equal(await ask.count(), 0);
+		await page.getByTestId('tool-result').first().click(); // open the result
+		await page.mouse.move(0, 0);
+		await shot(page, 'tool-call.png');
+	});
+
 	await step('a message too long for the context gives a clear message', async () => {
 		await send(page, 'llama '.repeat(3000));
 		await page.getByTestId('error').getByText("too long for the model's context").waitFor();
@@ -282,15 +341,17 @@ async function main() {
 }
 
 try {
-	await main();
+	if (suites.includes('chat')) await main();
 } catch (e) {
-	failed.push('setup');
+	results.failed.push('setup');
 	console.log(`FAIL setup: ${e?.stack ?? e}`);
 } finally {
 	await context?.close().catch(() => {});
+	await relay?.close();
 	await server?.stop();
-	if (!failed.length) rmSync(tmp, { recursive: true, force: true });
-	else console.log(`kept ${tmp} (server log, failure screenshots)`);
 }
-console.log(`\n${passed} passed, ${failed.length} failed`);
-process.exit(failed.length ? 1 : 0);
+if (suites.includes('router') && !process.env.E2E_URL) await routerSuite({ python, tmp, step });
+if (!results.failed.length) rmSync(tmp, { recursive: true, force: true });
+else console.log(`kept ${tmp} (server logs, failure screenshots)`);
+console.log(`\n${results.passed} passed, ${results.failed.length} failed`);
+process.exit(results.failed.length ? 1 : 0);

@@ -1,4 +1,5 @@
-// Start and stop a real llama-server (the Python package, bundled SmolLM2 model) for the browser tests.
+// Start and stop a real llama-server or llama-router (the Python packages, bundled SmolLM2 model) for the
+// browser tests, and serve the built app in front of a server that does not serve it itself.
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:net';
 import { openSync } from 'node:fs';
@@ -14,13 +15,25 @@ export function freePort() {
 	});
 }
 
-/** Start `python -m llama_server` and wait until /health answers 200. */
-export async function startServer({ python, args = [], log, timeoutMs = 300_000 }) {
+/**
+ * Start `python -m llama_server` (or `module`, e.g. llama_router) in `cwd` (where its tools work) and
+ * wait until /health answers 200.
+ */
+export async function startServer({
+	python,
+	args = [],
+	log,
+	cwd,
+	module = 'llama_server',
+	env = {},
+	timeoutMs = 300_000
+}) {
 	const port = await freePort();
 	const out = openSync(log, 'w');
-	const proc = spawn(python, ['-m', 'llama_server', '--port', String(port), ...args], {
+	const proc = spawn(python, ['-m', module, '--port', String(port), ...args], {
+		cwd,
 		stdio: ['ignore', out, out],
-		env: { ...process.env, PYTHONUNBUFFERED: '1' }
+		env: { ...process.env, PYTHONUNBUFFERED: '1', ...env }
 	});
 	const url = `http://127.0.0.1:${port}`;
 	const deadline = Date.now() + timeoutMs;
@@ -48,4 +61,48 @@ export function stopServer(proc) {
 		});
 		proc.kill('SIGTERM');
 	});
+}
+
+/**
+ * Serve the built app (`dir`) at a free loopback port and forward every other request to `target`, as a
+ * reverse proxy in front of an API server would.
+ */
+export async function serveApp(dir, target) {
+	const { createServer: createHttp, request } = await import('node:http');
+	const { readFile } = await import('node:fs/promises');
+	const { extname, join, normalize } = await import('node:path');
+	const types = {
+		'.html': 'text/html',
+		'.js': 'text/javascript',
+		'.css': 'text/css',
+		'.svg': 'image/svg+xml'
+	};
+	const up = new URL(target);
+	const server = createHttp(async (req, res) => {
+		const path = new URL(req.url, 'http://x').pathname;
+		const file = path === '/' ? 'index.html' : normalize(path).replace(/^\/+/, '');
+		if (req.method === 'GET' && (path === '/' || path.startsWith('/_app/') || path === '/favicon.svg')) {
+			try {
+				const body = await readFile(join(dir, file));
+				res.writeHead(200, { 'Content-Type': types[extname(file)] ?? 'application/octet-stream' });
+				return res.end(body);
+			} catch {
+				res.writeHead(404);
+				return res.end();
+			}
+		}
+		const fwd = request(
+			{ host: up.hostname, port: up.port, path: req.url, method: req.method, headers: req.headers },
+			(r) => {
+				res.writeHead(r.statusCode ?? 502, r.headers);
+				r.pipe(res);
+			}
+		);
+		fwd.on('error', () => res.destroy());
+		res.on('close', () => fwd.destroy());
+		req.pipe(fwd);
+	});
+	const port = await freePort();
+	await new Promise((r) => server.listen(port, '127.0.0.1', r));
+	return { url: `http://127.0.0.1:${port}`, close: () => new Promise((r) => server.close(() => r())) };
 }

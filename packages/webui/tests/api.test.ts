@@ -74,14 +74,56 @@ describe('ApiClient', () => {
 		);
 		vi.stubGlobal('fetch', fetchMock);
 		const api = new ApiClient('http://x/', 'secret');
-		const deltas = [];
-		for await (const d of api.chat([{ role: 'user', content: 'hi' }], { temperature: 0 })) deltas.push(d);
-		expect(deltas.map((d) => d.content ?? '').join('')).toBe('Hello');
-		expect(deltas.at(-1)?.timings?.predicted_per_second).toBe(12.5);
+		const steps = [];
+		const chat = api.chat([{ role: 'user', content: 'hi' }], { temperature: 0 }, undefined, {
+			streamId: 'conv-1',
+			model: 'org/m:Q8_0'
+		});
+		for await (const s of chat) steps.push(s);
+		const deltas = steps.map((s) => s.delta);
+		expect(deltas.map((d) => d?.content ?? '').join('')).toBe('Hello');
+		expect(deltas.at(-2)?.timings?.predicted_per_second).toBe(12.5);
+		expect(deltas.at(-1)).toBeNull(); // [DONE]
 		const [url, init] = fetchMock.mock.calls[0] as unknown as [string, RequestInit];
 		expect(url).toBe('http://x/v1/chat/completions');
-		expect((init.headers as Record<string, string>).Authorization).toBe('Bearer secret');
-		expect(JSON.parse(init.body as string)).toMatchObject({ stream: true, temperature: 0 });
+		const headers = init.headers as Record<string, string>;
+		expect(headers.Authorization).toBe('Bearer secret');
+		expect(headers['X-Conversation-Id']).toBe('conv-1');
+		expect(JSON.parse(init.body as string)).toMatchObject({
+			stream: true,
+			temperature: 0,
+			model: 'org/m:Q8_0'
+		});
+	});
+
+	it('replays a stream from an offset, looks streams up and stops them', async () => {
+		const body = sse([{ choices: [{ delta: { content: 'lo' } }] }, '[DONE]']);
+		const calls: [string, RequestInit][] = [];
+		vi.stubGlobal('fetch', async (url: string, init: RequestInit) => {
+			calls.push([url, init]);
+			if (url.includes('lookup')) return new Response('[{"conversation_id":"a/b::m","is_done":false}]');
+			if (init.method === 'DELETE') return new Response(null, { status: 204 });
+			return new Response(body);
+		});
+		const api = new ApiClient('http://x/');
+		const steps = [];
+		for await (const s of api.resume('a/b::m', 100)) steps.push(s);
+		expect(calls[0][0]).toBe('http://x/v1/stream?conv_id=a%2Fb%3A%3Am&from=100');
+		expect(steps[0]).toEqual({ delta: { content: 'lo' }, offset: 100 + body.indexOf('data: [DONE]') });
+		expect(steps[1].offset).toBe(100 + body.length);
+		expect(await api.lookupStreams(['a/b::m'])).toHaveLength(1);
+		expect(JSON.parse(calls[1][1].body as string)).toEqual({ conversation_ids: ['a/b::m'] });
+		await api.stopStream('a/b::m');
+		expect(calls[2]).toMatchObject(['http://x/v1/stream?conv_id=a%2Fb%3A%3Am', { method: 'DELETE' }]);
+	});
+
+	it('reads the flat error bodies of the tools API', () => {
+		const err = toApiError(404, {
+			code: 400,
+			message: 'unknown tool "x"',
+			type: 'invalid_request_error'
+		} as never);
+		expect(err.message).toMatch(/unknown tool "x"/);
 	});
 
 	it('reports a server that cannot be reached', async () => {

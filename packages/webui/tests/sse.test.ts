@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { eventData, sseData } from '../src/lib/services/sse';
+import { eventData, sseData, sseEvents } from '../src/lib/services/sse';
 
 function streamOf(...pieces: string[]): ReadableStream<Uint8Array> {
 	const enc = new TextEncoder();
@@ -42,5 +42,28 @@ describe('sseData', () => {
 	it('joins multi-line data', () => {
 		expect(eventData('event: e\ndata: a\ndata: b')).toBe('a\nb');
 		expect(eventData(': ping')).toBeNull();
+	});
+});
+
+describe('sseEvents', () => {
+	it('reports the byte offset after each event, from a replay start and across UTF-8', async () => {
+		const first = 'data: {"t":"é"}\n\n';
+		const stream = streamOf(first, ':\n\n', 'data: [DONE]\n\n');
+		const out = [];
+		for await (const e of sseEvents(stream, 7)) out.push(e);
+		const n = new TextEncoder().encode(first).length;
+		expect(out).toEqual([
+			{ data: '{"t":"é"}', offset: 7 + n },
+			{ data: '[DONE]', offset: 7 + n + 3 + 14 }
+		]);
+	});
+
+	it('keeps the offset before an event that was cut off', async () => {
+		const out = [];
+		for await (const e of sseEvents(streamOf('data: a\r\n\r\ndata: b'))) out.push(e);
+		expect(out).toEqual([
+			{ data: 'a', offset: 11 },
+			{ data: 'b', offset: 11, partial: true }
+		]);
 	});
 });

@@ -1,6 +1,6 @@
 /** The data the app keeps: conversations and their message trees (IndexedDB), settings (localStorage). */
 
-export type Role = 'system' | 'user' | 'assistant';
+export type Role = 'system' | 'user' | 'assistant' | 'tool';
 
 /** A file attached to a user message: its text (text files, PDFs) or a data URL (images). */
 export interface Attachment {
@@ -19,6 +19,19 @@ export interface Timings {
 	predicted_per_second?: number;
 }
 
+/** A tool call the model made (OpenAI shape, flattened): `arguments` is the JSON text the model wrote. */
+export interface ToolCall {
+	id: string;
+	name: string;
+	arguments: string;
+}
+
+/** Where a reply's resumable stream is: the `X-Conversation-Id` it was sent with and the bytes read. */
+export interface StreamPosition {
+	id: string;
+	offset: number;
+}
+
 /**
  * One message. Messages form a tree per conversation: editing a message or regenerating a reply adds a
  * sibling (same parent), and the conversation's `currentLeaf` picks the branch on screen.
@@ -32,8 +45,22 @@ export interface Message {
 	reasoning?: string;
 	attachments?: Attachment[];
 	timings?: Timings;
-	/** set when the reply ended with an error or was stopped */
-	status?: 'stopped' | 'error';
+	/**
+	 * `streaming` while a reply is being generated (kept in IndexedDB, so a reload finds unfinished
+	 * replies); `stopped` or `error` when it ended so
+	 */
+	status?: 'streaming' | 'stopped' | 'error';
+	/** a reply's resumable stream (set while it streams) */
+	stream?: StreamPosition;
+	/** the reply was re-attached to its stream after a reload or a dropped connection */
+	resumed?: boolean;
+	/** the tools an assistant message called */
+	toolCalls?: ToolCall[];
+	/** a tool message: which call it answers, and the tool's name */
+	toolCallId?: string;
+	toolName?: string;
+	/** a tool message: the user refused to run it, or it failed */
+	toolOutcome?: 'done' | 'denied' | 'error';
 	createdAt: number;
 }
 
@@ -73,6 +100,10 @@ export interface Settings {
 	apiKey: string;
 	systemPrompt: string;
 	showReasoning: boolean;
+	/** offer the server's tools (`/tools`) to the model and run the calls it makes */
+	useTools: boolean;
+	/** router mode: the model replies come from (a name from `/models`) */
+	model: string;
 	/** values the user changed; the rest come from the server's defaults */
 	sampling: Partial<SamplingParams>;
 }

@@ -1,6 +1,10 @@
-/** The llama-server HTTP API the app uses: `/props` and streaming `/v1/chat/completions`. */
+/**
+ * The llama-server HTTP API the app uses: `/props`, streaming `/v1/chat/completions` and its resumable
+ * streams (`X-Conversation-Id`, `/v1/stream`, `/v1/streams/lookup`). Tools and router-mode model
+ * management build on `send` (services/tools.ts, services/models.ts).
+ */
 import type { SamplingParams, Timings } from '$lib/types';
-import { sseData } from './sse';
+import { sseEvents } from './sse';
 
 export type ApiErrorKind = 'network' | 'auth' | 'context' | 'loading' | 'server';
 
@@ -17,6 +21,8 @@ export class ApiError extends Error {
 }
 
 export interface ServerProps {
+	/** `router` when the server is llama-router (or llama-server in router mode) */
+	role?: string;
 	default_generation_settings: { params: Record<string, unknown>; n_ctx: number };
 	modalities?: { vision?: boolean; audio?: boolean };
 	model_alias?: string;
@@ -26,16 +32,58 @@ export interface ServerProps {
 
 export type ContentPart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } };
 
+/** A tool call in OpenAI's request shape. */
+export interface ChatToolCall {
+	id: string;
+	type: 'function';
+	function: { name: string; arguments: string };
+}
+
 export interface ChatMessage {
-	role: 'system' | 'user' | 'assistant';
+	role: 'system' | 'user' | 'assistant' | 'tool';
 	content: string | ContentPart[];
+	tool_calls?: ChatToolCall[];
+	tool_call_id?: string;
+}
+
+/** A piece of a streamed tool call: the call at `index` gets its id and name once, its arguments in parts. */
+export interface ToolCallDelta {
+	index: number;
+	id?: string;
+	function?: { name?: string; arguments?: string };
 }
 
 /** What one streamed chunk adds to the reply. */
 export interface ChatDelta {
 	content?: string;
 	reasoning?: string;
+	toolCalls?: ToolCallDelta[];
 	timings?: Timings;
+}
+
+/** A chunk's delta and the stream's byte offset after it (where a replay would go on from). */
+export interface StreamStep {
+	delta: ChatDelta | null;
+	offset: number;
+}
+
+/** Options of one chat request. */
+export interface ChatOptions {
+	/** `X-Conversation-Id`: the server keeps generating into a replay buffer if the connection drops */
+	streamId?: string;
+	/** OpenAI function tools offered to the model */
+	tools?: unknown[];
+	/** router mode: the model to use */
+	model?: string;
+}
+
+/** One entry of `POST /v1/streams/lookup`. */
+export interface StreamInfo {
+	conversation_id: string;
+	is_done: boolean;
+	total_bytes: number;
+	started_at: number;
+	completed_at: number;
 }
 
 interface ErrorBody {
@@ -44,7 +92,8 @@ interface ErrorBody {
 
 /** Turn an error response (status and parsed body) into an ApiError with a message for people. */
 export function toApiError(status: number, body: ErrorBody | null): ApiError {
-	const err = body?.error;
+	// most errors are wrapped in `error`; the tools API's are flat
+	const err = body?.error && typeof body.error === 'object' ? body.error : (body as ErrorBody['error']);
 	const detail = err?.message ?? `HTTP ${status}`;
 	if (status === 401 || err?.type === 'authentication_error')
 		return new ApiError('auth', 'The server rejected the API key. Enter the right key in Settings.', 401);
@@ -77,16 +126,24 @@ export class ApiClient {
 		return this.base ? new URL(path, this.base).href : path;
 	}
 
-	private headers(): Record<string, string> {
-		const h: Record<string, string> = { 'Content-Type': 'application/json' };
+	private headers(extra: Record<string, string> = {}): Record<string, string> {
+		const h: Record<string, string> = { 'Content-Type': 'application/json', ...extra };
 		if (this.apiKey) h.Authorization = `Bearer ${this.apiKey}`;
 		return h;
 	}
 
-	private async request(path: string, init: RequestInit = {}): Promise<Response> {
+	/**
+	 * A request to the server (JSON, with the API key); a failure is thrown as an ApiError, an abort as
+	 * the browser's AbortError.
+	 */
+	async send(
+		path: string,
+		init: RequestInit & { extraHeaders?: Record<string, string> } = {}
+	): Promise<Response> {
+		const { extraHeaders, ...rest } = init;
 		let res: Response;
 		try {
-			res = await fetch(this.url(path), { ...init, headers: this.headers() });
+			res = await fetch(this.url(path), { ...rest, headers: this.headers(extraHeaders) });
 		} catch (e) {
 			if (e instanceof DOMException && e.name === 'AbortError') throw e;
 			throw new ApiError('network', 'Cannot reach the server. Is llama-server running?');
@@ -100,43 +157,82 @@ export class ApiClient {
 
 	/** The server's properties: default sampling settings, context size, modalities. */
 	async props(): Promise<ServerProps> {
-		return (await this.request('props')).json();
+		return (await this.send('props')).json();
 	}
 
 	/** Check the API key with a request that needs one. */
 	async models(): Promise<unknown> {
-		return (await this.request('v1/models')).json();
+		return (await this.send('v1/models')).json();
 	}
 
 	/**
-	 * Stream a chat completion: yields the content, reasoning and timings of each chunk.
-	 * Abort `signal` to stop; an error event inside the stream is thrown as an ApiError.
+	 * Stream a chat completion: yields each chunk's content, reasoning, tool calls and timings with the
+	 * stream's byte offset after it. Abort `signal` to stop reading (with a `streamId` the server goes
+	 * on generating until `stopStream`); an error event inside the stream is thrown as an ApiError.
 	 */
 	async *chat(
 		messages: ChatMessage[],
 		params: Partial<SamplingParams>,
-		signal?: AbortSignal
-	): AsyncGenerator<ChatDelta> {
+		signal?: AbortSignal,
+		options: ChatOptions = {}
+	): AsyncGenerator<StreamStep> {
 		const body = JSON.stringify({
 			messages,
 			stream: true,
 			timings_per_token: true,
+			...(options.model ? { model: options.model } : {}),
+			...(options.tools?.length ? { tools: options.tools } : {}),
 			...params
 		});
-		const res = await this.request('v1/chat/completions', { method: 'POST', body, signal });
-		if (!res.body) throw new ApiError('server', 'The server sent no reply.');
-		for await (const data of sseData(res.body)) {
-			if (data === '[DONE]') return;
-			const delta = parseChunk(data);
-			if (delta) yield delta;
+		const extraHeaders: Record<string, string> = options.streamId
+			? { 'X-Conversation-Id': options.streamId }
+			: {};
+		const res = await this.send('v1/chat/completions', { method: 'POST', body, signal, extraHeaders });
+		yield* steps(res, 0);
+	}
+
+	/** Re-attach to a resumable stream: its bytes from offset `from` on, then the live ones. */
+	async *resume(streamId: string, from: number, signal?: AbortSignal): AsyncGenerator<StreamStep> {
+		const q = `conv_id=${encodeURIComponent(streamId)}&from=${from}`;
+		yield* steps(await this.send(`v1/stream?${q}`, { signal }), from);
+	}
+
+	/** The server's sessions among `ids` (it answers only for ids the caller names). */
+	async lookupStreams(ids: string[]): Promise<StreamInfo[]> {
+		const body = JSON.stringify({ conversation_ids: ids });
+		const found = await (await this.send('v1/streams/lookup', { method: 'POST', body })).json();
+		return Array.isArray(found) ? (found as StreamInfo[]) : [];
+	}
+
+	/** Stop a detached generation and drop its replay buffer (idempotent). */
+	async stopStream(streamId: string): Promise<void> {
+		await this.send(`v1/stream?conv_id=${encodeURIComponent(streamId)}`, { method: 'DELETE' });
+	}
+}
+
+/** The steps of a streamed reply whose body starts at byte `start`; ends at `[DONE]` or the end. */
+async function* steps(res: Response, start: number): AsyncGenerator<StreamStep> {
+	if (!res.body) throw new ApiError('server', 'The server sent no reply.');
+	for await (const { data, offset, partial } of sseEvents(res.body, start)) {
+		if (partial) return; // cut inside an event: a replay from `offset` sends all of it
+		if (data === '[DONE]') {
+			yield { delta: null, offset };
+			return;
 		}
+		yield { delta: parseChunk(data), offset };
 	}
 }
 
 /** One `data:` payload of a chat stream as a ChatDelta (null when it adds nothing). */
 export function parseChunk(data: string): ChatDelta | null {
 	const chunk = JSON.parse(data) as {
-		choices?: { delta?: { content?: string | null; reasoning_content?: string | null } }[];
+		choices?: {
+			delta?: {
+				content?: string | null;
+				reasoning_content?: string | null;
+				tool_calls?: ToolCallDelta[];
+			};
+		}[];
 		timings?: Timings;
 	} & ErrorBody;
 	if (chunk.error) throw toApiError(chunk.error.code ?? 500, chunk);
@@ -144,6 +240,7 @@ export function parseChunk(data: string): ChatDelta | null {
 	const out: ChatDelta = {};
 	if (d?.content) out.content = d.content;
 	if (d?.reasoning_content) out.reasoning = d.reasoning_content;
+	if (d?.tool_calls?.length) out.toolCalls = d.tool_calls;
 	if (chunk.timings) out.timings = chunk.timings;
 	return Object.keys(out).length ? out : null;
 }

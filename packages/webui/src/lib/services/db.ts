@@ -12,6 +12,8 @@ export class ChatDatabase extends Dexie {
 			conversations: 'id, updatedAt',
 			messages: 'id, convId, parent'
 		});
+		// the status index finds the replies that were still streaming when the page went away
+		this.version(2).stores({ messages: 'id, convId, parent, status' });
 	}
 }
 

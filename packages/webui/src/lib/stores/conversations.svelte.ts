@@ -67,31 +67,42 @@ export class ConversationStore {
 		this.matches = ids;
 	}
 
-	/** Append a message under `parent` in the active conversation and show its branch. */
+	/**
+	 * Append a message under `parent` in a conversation (the active one unless `convId` names another:
+	 * a reply may finish after the user moved on) and show its branch.
+	 */
 	async add(
 		role: Role,
 		content: string,
 		parent: string | null,
-		extra: Partial<Pick<Message, 'attachments' | 'reasoning'>> = {}
+		extra: Partial<Omit<Message, 'id' | 'convId' | 'parent' | 'role' | 'content' | 'createdAt'>> = {},
+		convId: string | null = this.activeId
 	): Promise<Message> {
-		const conv = this.active;
+		const conv = this.list.find((c) => c.id === convId);
 		if (!conv) throw new Error('no open conversation');
+		const siblings = conv.id === this.activeId ? this.messages : await this.messagesOf(conv.id);
 		const msg: Message = {
 			id: newId(),
 			convId: conv.id,
 			parent,
 			role,
 			content,
-			createdAt: Math.max(Date.now(), ...this.messages.map((m) => m.createdAt + 1)),
+			createdAt: Math.max(Date.now(), ...siblings.map((m) => m.createdAt + 1)),
 			// plain objects: IndexedDB cannot store the proxies of reactive state
 			...($state.snapshot(extra) as typeof extra)
 		};
 		await this.db.messages.add(msg);
-		this.messages = [...this.messages, msg];
+		if (conv.id === this.activeId) this.messages = [...this.messages, msg];
 		// the first user message names a new conversation
 		const named = conv.name === 'New conversation' && role === 'user' && !parent;
-		await this.setLeaf(msg.id, named ? content.slice(0, 60).split('\n')[0] : undefined);
+		await this.setLeaf(msg.id, named ? content.slice(0, 60).split('\n')[0] : undefined, conv.id);
 		return msg;
+	}
+
+	/** The messages of any conversation (the loaded ones for the active conversation). */
+	async messagesOf(convId: string): Promise<Message[]> {
+		if (convId === this.activeId) return this.messages;
+		return this.db.messages.where('convId').equals(convId).toArray();
 	}
 
 	/** Change a message in memory (cheap: called for every streamed token); `save` stores it. */
@@ -105,6 +116,19 @@ export class ConversationStore {
 		if (m) await this.db.messages.put($state.snapshot(m) as Message);
 	}
 
+	/** Store a whole message (in any conversation) and show it if its conversation is open. */
+	async put(msg: Message): Promise<void> {
+		const plain = $state.snapshot(msg) as Message;
+		const i = this.messages.findIndex((m) => m.id === msg.id);
+		if (i >= 0) this.messages[i] = plain;
+		await this.db.messages.put(plain);
+	}
+
+	/** The replies that were still streaming when the page went away (every conversation). */
+	async unfinished(): Promise<Message[]> {
+		return this.db.messages.where('status').equals('streaming').toArray();
+	}
+
 	/** Show the branch that goes through message `id` (its newest continuation). */
 	async switchTo(id: string): Promise<void> {
 		await this.setLeaf(latestLeaf(this.messages, id));
@@ -115,8 +139,7 @@ export class ConversationStore {
 		return siblings(this.messages, id);
 	}
 
-	private async setLeaf(leaf: string, name?: string): Promise<void> {
-		const id = this.activeId!;
+	private async setLeaf(leaf: string, name?: string, id = this.activeId!): Promise<void> {
 		const change: Partial<Conversation> = { currentLeaf: leaf, updatedAt: Date.now() };
 		if (name) change.name = name;
 		await this.db.conversations.update(id, change);

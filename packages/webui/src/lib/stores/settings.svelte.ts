@@ -8,6 +8,8 @@ const INITIAL: Settings = {
 	apiKey: '',
 	systemPrompt: '',
 	showReasoning: true,
+	useTools: true,
+	model: '',
 	sampling: {}
 };
 
@@ -39,6 +41,8 @@ export function sanitize(raw: unknown): Settings {
 		apiKey: typeof r.apiKey === 'string' ? r.apiKey : '',
 		systemPrompt: typeof r.systemPrompt === 'string' ? r.systemPrompt : '',
 		showReasoning: typeof r.showReasoning === 'boolean' ? r.showReasoning : true,
+		useTools: typeof r.useTools === 'boolean' ? r.useTools : true,
+		model: typeof r.model === 'string' ? r.model : '',
 		sampling
 	};
 }

@@ -1,0 +1,1 @@
+export{i as load_css,t as start}from"../chunks/C4OGMcKw.js";

@@ -1,1 +1,0 @@
-import"../chunks/xihTtKlq.js";import{B as e,C as t,_ as n,rt as r,w as i}from"../chunks/C6-cq4mn.js";var a=r({prerender:()=>!1,ssr:()=>!1});function o(r,a){var o=i(),s=e(o);n(s,()=>a.children),t(r,o)}export{o as component,a as universal};

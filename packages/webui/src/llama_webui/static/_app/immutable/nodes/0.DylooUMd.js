@@ -1,0 +1,1 @@
+import"../chunks/xihTtKlq.js";import{A as e,Ct as t,Q as n,b as r,j as i}from"../chunks/D-sM3zYY.js";var a=t({prerender:()=>!1,ssr:()=>!1});function o(t,a){var o=i(),s=n(o);r(s,()=>a.children),e(t,o)}export{o as component,a as universal};
