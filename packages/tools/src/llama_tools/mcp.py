@@ -25,6 +25,20 @@ __all__ = ["McpHub", "McpTool"]
 
 log = logging.getLogger("llama_tools.mcp")
 
+
+class _QuietNotifications(logging.Filter):
+    """The SDK logs a traceback at WARNING for every notification it cannot validate (e.g. a progress
+    notification without a token); such notifications are skipped by design, so they go to DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Failed to validate notification"):
+            log.debug("MCP: skipped a notification the SDK could not validate: %s", record.args)
+            return False
+        return True
+
+
+logging.getLogger("client").addFilter(_QuietNotifications())  # the SDK's client session logger
+
 WARMUP_TIMEOUT = 10.0
 SPAWN_COOLDOWN = 5.0
 _CLIENT = types.Implementation(name="llama.cpp", version="1.0")
