@@ -9,6 +9,7 @@ from pathlib import Path
 from llama_tools import ToolsConfig
 
 from llama_engine import SamplingParams
+from llama_engine.speculative import SpeculativeConfig
 
 __all__ = ["BUNDLED_MODEL_FILE", "ServerConfig", "bundled_model_path"]
 
@@ -89,6 +90,7 @@ class ServerConfig:
     # sampling defaults (every request may override)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verbose: bool = False
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # drafters, draft model
 
     @property
     def model_name(self) -> str:
