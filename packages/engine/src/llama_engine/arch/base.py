@@ -17,7 +17,7 @@ import inspect
 import mmap
 import threading
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from llama_quant.kernels import Activations, ExactMatrix
 from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
-from .workspace import EMPTY, Workspace
+from ..lora import LoraAdapter
+from .workspace import EMPTY, Rows, Workspace
 
 __all__ = [
     "ARCHITECTURES",
@@ -49,6 +50,13 @@ _FORWARD_LOCK = threading.Lock()
 
 # Whether ExactMatrix takes the kernel set (the quant package's kernels= argument).
 _MATRIX_KERNELS = "kernels" in inspect.signature(ExactMatrix).parameters
+
+
+class ActivationCollector(Protocol):
+    """Receives the f32 input rows of the matrix products of block ``il`` (-1: the output head) at
+    ``site``: "qkv", "attn_output", "ffn_in" (gate and up), "ffn_down" or "output"."""
+
+    def observe(self, il: int, site: str, x: np.ndarray) -> None: ...
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -118,6 +126,8 @@ class DecoderModel:
     """Pre-norm decoder: attention and gated FFN blocks with residuals (llama's graph, with hooks)."""
 
     arch: ClassVar[str] = ""
+    # Observes the activations entering each matrix product (llama-imatrix); None: no cost beyond the test.
+    collector: ActivationCollector | None = None
     rope_mode: ClassVar[int] = ops.ROPE_NORM
     activation: ClassVar[str] = "silu"  # "silu" (SwiGLU) or "gelu" (GeGLU)
 
@@ -138,6 +148,8 @@ class DecoderModel:
         self._rope: dict[float, np.ndarray] = {}
         self._scales = np.float32(self.q_scale()), np.float32(self.kq_scale())
         self._ws: Workspace | None = None
+        # LoRA adapters applied to this forward pass, with their scales (set by the engine between steps)
+        self.loras: list[tuple[LoraAdapter, float]] = []
         self._release_pages()
 
     # -- loading -----------------------------------------------------------------------------------------
@@ -363,6 +375,8 @@ class DecoderModel:
             m_logits = m if batch.n_logits < 0 else min(batch.n_logits, m)
             logits = ws.logits(m_logits)
             if m_logits:
+                if self.collector is not None:
+                    self.collector.observe(-1, "output", h.x[:m_logits])
                 self.output.matmul(_fresh(h, m_logits), out=logits)
                 self.finish_logits(logits)
             return logits, h.x[:m]
@@ -389,6 +403,8 @@ class DecoderModel:
         n = batch.n
         rows = ws.rows(n)
         h = _fresh(ws.h, n)
+        if self.collector is not None:
+            self.collector.observe(il, "qkv", h.x[:n])
         if lw.wqkv is not None:
             lw.wqkv.matmul(h, out=rows.qkv)
         else:  # one input for three matrices, quantized once, then laid out as the fused product is
@@ -399,6 +415,8 @@ class DecoderModel:
             lw.wk.matmul(h, out=rows.k)
             lw.wv.matmul(h, out=rows.v)
             rows.qkv[:, :nq], rows.qkv[:, nq : nq + nk], rows.qkv[:, nq + nk :] = rows.q, rows.k, rows.v
+        if self.loras:
+            self._lora_qkv(il, h.x[:n], rows.qkv)
         pi = kv.pool_index(il)
         pool, ranges = kv.pools[pi], placed.ranges[pi]
         kc, vc = pool.kernel_kv[il]
@@ -429,7 +447,11 @@ class DecoderModel:
             *self._scales,
             self._tile_cols,
         )
+        if self.collector is not None:
+            self.collector.observe(il, "attn_output", ws.attn.x[:n])
         lw.wo.matmul(_fresh(ws.attn, n), out=rows.o)
+        if self.loras:
+            self.add_lora(il, "attn_output", ws.attn.x[:n], rows.o)
 
     def q_scale(self) -> float:
         """A factor on q after RoPE (1: none)."""
@@ -444,6 +466,8 @@ class DecoderModel:
         rows = ws.rows(n)
         h = _fresh(ws.h, n)
         n_ff = lw.w_down.cols
+        if self.collector is not None:
+            self.collector.observe(il, "ffn_in", h.x[:n])
         if lw.w_gate is None:  # fused gate+up (phi3, or stacked at load): [n, 2 * n_ff]
             lw.w_up.matmul(h, out=rows.gu)
             gate, up, up_col = ws.gu, ws.gu, n_ff
@@ -455,9 +479,42 @@ class DecoderModel:
             assert g is not None and u is not None
             gate, up = g, u
             up_col = 0
+        if self.loras:
+            self._lora_gate_up(il, h.x[:n], rows, n_ff)
         glu = ops.geglu if self.activation == "gelu" else ops.swiglu
         glu(ws.glu.x, gate, up, n, n_ff, 0, up_col)
+        if self.collector is not None:
+            self.collector.observe(il, "ffn_down", ws.glu.x[:n])
         lw.w_down.matmul(_fresh(ws.glu, n), out=rows.o)
+        if self.loras:
+            self.add_lora(il, "ffn_down", ws.glu.x[:n], rows.o)
+
+    # -- LoRA --------------------------------------------------------------------------------------------
+
+    def add_lora(self, il: int, kind: str, x: np.ndarray, out: np.ndarray) -> None:
+        """out += each active adapter's delta for layer il's `kind` weight, on its input x (build_lora_mm)."""
+        for adapter, scale in self.loras:
+            w = adapter.weights.get((il, kind))
+            if w is not None:
+                w.add_to(out, x, w.scale(adapter.alpha, scale))
+
+    def _lora_qkv(self, il: int, x: np.ndarray, qkv: np.ndarray) -> None:
+        c = self.config
+        nq, nk = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        self.add_lora(il, "attn_qkv", x, qkv)
+        self.add_lora(il, "attn_q", x, qkv[:, :nq])
+        self.add_lora(il, "attn_k", x, qkv[:, nq : nq + nk])
+        self.add_lora(il, "attn_v", x, qkv[:, nq + nk :])
+
+    def _lora_gate_up(self, il: int, x: np.ndarray, rows: Rows, n_ff: int) -> None:
+        if rows.gate is not None and rows.up is not None:  # separate gate and up products
+            self.add_lora(il, "ffn_gate", x, rows.gate)
+            self.add_lora(il, "ffn_up", x, rows.up)
+        elif self.has(f"blk.{il}.ffn_gate.weight"):  # stacked at load: [gate | up]
+            self.add_lora(il, "ffn_gate", x, rows.gu[:, :n_ff])
+            self.add_lora(il, "ffn_up", x, rows.gu[:, n_ff:])
+        else:  # the file's fused up (phi3): one weight for both halves
+            self.add_lora(il, "ffn_up", x, rows.gu)
 
 
 def _fresh(acts: Activations, n: int) -> Activations:

