@@ -38,6 +38,7 @@ from .handles import (
     Wake,
 )
 from .kv_cache import KVCacheFullError
+from .lora import LoraAdapter, load_lora
 from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, TokenEvent
 from .rerank import RankHead
 from .scheduler import Scheduler, SlotState
@@ -112,6 +113,8 @@ class EngineConfig:
     max_step_ms: float = 120.0
     # speculative decoding (drafters, a draft model); None or no types: none
     speculative: SpeculativeConfig | None = None
+    # LoRA adapter files (ids in this order); each request says the scale of each (GenerationRequest.lora)
+    lora: tuple[str, ...] = ()
 
 
 class Engine:
@@ -155,6 +158,7 @@ class Engine:
             self._wake,
         )
         self.scheduler.rank_head = RankHead(self.model)
+        self.loras: list[LoraAdapter] = [load_lora(p, self.model) for p in config.lora]
         self.speculator: Speculator | None = None
         spec = config.speculative
         if spec is not None and spec.enabled:  # a draft model that does not fit the target fails here
@@ -221,6 +225,7 @@ class Engine:
         """Queue a generation. Raises QueueFullError when too many requests wait, ValueError when the
         prompt cannot fit the slot's context."""
         self._validate(req.prompt)
+        self._validate_lora(req.lora)
         if req.sampling.grammar:  # a bad grammar is the caller's error (GrammarError), not the request's
             check_grammar_request(req.sampling, self.model.config.n_vocab, self.scheduler.token_of)
         if req.max_tokens < -1:
@@ -235,6 +240,10 @@ class Engine:
         handle = RequestHandle(on_event, self._release, self._wake)
         self._inbox.put(Generate(req, handle))
         return handle
+
+    def _validate_lora(self, scales: tuple[float, ...]) -> None:
+        if len(scales) > len(self.loras):
+            raise ValueError(f"{len(scales)} LoRA scales given, the engine has {len(self.loras)} adapters")
 
     def _wake(self) -> None:
         """Make the loop look again (it may be waiting on the inbox)."""
@@ -253,6 +262,7 @@ class Engine:
     def submit_embedding(self, req: EmbeddingRequest) -> EmbeddingHandle:
         """Queue an embedding request; the handle's `result()` waits for it, `cancel()` abandons it."""
         self._validate(req.prompt)
+        self._validate_lora(req.lora)
         handle = EmbeddingHandle(self._wake)
         self._inbox.put(Embed(req, handle))
         return handle
@@ -422,6 +432,8 @@ class Engine:
         if step is None:
             return
         t0 = time.perf_counter()
+        # one adapter set per step: the scheduler batches only work that uses the same scales
+        self.model.loras = [(self.loras[i], s) for i, s in enumerate(sched.step_lora) if s != 0]
         try:
             logits, hidden = self.model.forward(step.batch, self.kv)
         except KVCacheFullError as e:

@@ -51,12 +51,14 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     context_shift: bool = False  # shift (drop half after n_keep) instead of stopping when the context is full
     post_sampling_probs: bool = False  # n_probs after the sampler chain instead of over the raw logits
     timings_per_token: bool = False  # every TokenEvent carries the request's timings so far
+    lora: tuple[float, ...] = ()  # the scale of each of the engine's LoRA adapters (by id); () or 0: none
 
 
 class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt: list[int]
     pooling: Pooling = Pooling.MEAN
     normalize: int = 2  # -1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm (llama.cpp's embd_normalize)
+    lora: tuple[float, ...] = ()  # the scale of each of the engine's LoRA adapters (by id); () or 0: none
 
 
 class Usage(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):

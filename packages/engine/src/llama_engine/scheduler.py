@@ -79,6 +79,15 @@ class Slot:
     t_start: float = 0.0  # when it took the slot
     t_prompt_done: float = 0.0
     last_used: float = 0.0
+    lora: tuple[float, ...] = ()  # the adapter scales the cached tokens were computed under
+
+
+def lora_key(scales: tuple[float, ...]) -> tuple[float, ...]:
+    """Adapter scales as a batching key: trailing zeros dropped (no adapter and scale 0 are the same)."""
+    n = len(scales)
+    while n and scales[n - 1] == 0:
+        n -= 1
+    return tuple(scales[:n])
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -146,6 +155,7 @@ class Scheduler:
         self.prefill_cap = n_batch
         self.speculator: Speculator | None = None  # drafts for generating slots (speculative decoding)
         self.rank_head: Callable[[np.ndarray], np.ndarray] | None = None  # rank pooling's classifier
+        self.step_lora: tuple[float, ...] = ()  # the adapter scales of the step `schedule` planned
 
     # -- admission ---------------------------------------------------------------------------------------
 
@@ -260,7 +270,12 @@ class Scheduler:
         idle = [s for s in self.slots if s.state == SlotState.IDLE]
         if not idle:
             return None
-        return max(idle, key=lambda s: (_common_prefix(s.tokens, req.prompt), -s.last_used))
+        key = lora_key(req.lora)  # a cache computed under other adapters shares nothing
+
+        def score(s: Slot) -> tuple[int, float]:
+            return (_common_prefix(s.tokens, req.prompt) if s.lora == key else 0, -s.last_used)
+
+        return max(idle, key=score)
 
     def _start(self, slot: Slot, msg: Generate, grammar: GrammarMatcher | None = None) -> None:
         req = msg.request
@@ -271,6 +286,10 @@ class Scheduler:
         slot.n_prompt = len(prompt)
         slot.n_generated, slot.held, slot.next_token, slot.drafts = 0, "", -1, []
         slot.n_drafted = slot.n_draft_accepted = 0
+        key = lora_key(req.lora)
+        if slot.lora != key:  # its cache was computed under other adapters: nothing in it is reusable
+            self.kv.seq_rm(slot.id)
+            slot.tokens, slot.lora = [], key
         reused = self._reuse_prefix(slot, prompt) if req.cache_prompt else 0
         if not req.cache_prompt:
             self.kv.seq_rm(slot.id)
@@ -289,7 +308,7 @@ class Scheduler:
         own = _common_prefix(slot.tokens, prompt)
         best, donor = own, None
         for other in self.slots:
-            if other is not slot and other.tokens:
+            if other is not slot and other.tokens and other.lora == slot.lora:
                 n = _common_prefix(other.tokens, prompt)
                 if n > best:
                     best, donor = n, other
@@ -315,13 +334,16 @@ class Scheduler:
             self.speculator.propose(self.slots, self.n_ctx_slot)
         b = self._builder
         b.begin()
+        key = self.step_lora = self._next_lora()
         for s in self.slots:
-            if s.state == SlotState.GENERATE and b.room > 0:
+            if s.state == SlotState.GENERATE and b.room > 0 and s.lora == key:
                 self._schedule_decode(s)
         if b.room < self.n_batch:  # streams are decoding: keep their step short
             b.cap(self.prefill_cap)
-        prefill: list[Slot | EmbeddingJob] = [s for s in self.slots if s.state == SlotState.PROMPT]
-        if self.embeddings:
+        prefill: list[Slot | EmbeddingJob] = [
+            s for s in self.slots if s.state == SlotState.PROMPT and s.lora == key
+        ]
+        if self.embeddings and lora_key(self.embeddings[0].request.lora) == key:
             prefill.append(self.embeddings[0])
         prefill.sort(key=lambda w: w.arrival)
         embedding = 0  # tokens of the embedding chunk: budgeted in arrival order, placed last
@@ -336,6 +358,18 @@ class Scheduler:
         if embedding:
             self._schedule_embedding(self.embeddings[0], embedding)
         return b.finish()
+
+    def _next_lora(self) -> tuple[float, ...]:
+        """The adapter scales this step runs: work under different scales is never batched together, so
+        each set takes its turn (round robin over the sets running work has)."""
+        keys = {s.lora for s in self.slots if s.state != SlotState.IDLE}
+        if self.embeddings:
+            keys.add(lora_key(self.embeddings[0].request.lora))
+        if len(keys) <= 1:
+            return keys.pop() if keys else ()
+        order = sorted(keys)
+        later = [k for k in order if k > self.step_lora]
+        return later[0] if later else order[0]
 
     def _drop_cancelled(self) -> None:
         for s in self.slots:
