@@ -30,6 +30,7 @@ from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
 from .listen import bind_all, host_list
+from .model_overrides import parse_override_kv
 from .structured import default_grammar
 
 __all__ = ["build_config", "main", "serve"]
@@ -163,6 +164,9 @@ def _opts(f: Any) -> Any:
         o("--cache-prompt/--no-cache-prompt", default=True, envvar="LLAMA_ARG_CACHE_PROMPT"),
         o("--warmup/--no-warmup", default=True),
         o("--swa-full", is_flag=True, envvar="LLAMA_ARG_SWA_FULL"),
+        o("--override-kv", multiple=True, help="KEY=TYPE:VALUE model metadata override (repeatable)."),
+        o("--rope-freq-base", type=float, envvar="LLAMA_ARG_ROPE_FREQ_BASE", help="RoPE base frequency."),
+        o("--spm-infill", is_flag=True, help="/infill prompts in suffix-prefix-middle order."),
         o(
             "-ctk",
             "--cache-type-k",
@@ -341,6 +345,13 @@ def _logit_bias(entries: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def _override_kv(entries: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    try:
+        return tuple(parse_override_kv(e) for e in entries)
+    except ValueError as e:
+        raise click.UsageError(f"--override-kv: {e}") from None
+
+
 def _reasoning(value: str, budget: int) -> str:
     """`-rea on|off|auto` (llama.cpp's truthy and falsy spellings too); a budget of 0 means off."""
     v = value.strip().lower()
@@ -486,6 +497,9 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         reasoning_format=kw["reasoning_format"],
         reasoning=_reasoning(kw["reasoning"], kw["reasoning_budget"]),
         reasoning_budget=kw["reasoning_budget"],
+        override_kv=_override_kv(kw["override_kv"]),
+        rope_freq_base=kw["rope_freq_base"],
+        spm_infill=kw["spm_infill"],
         prefill_assistant=kw["prefill_assistant"],
         reverse_prompts=tuple(_unescape(r) for r in kw["reverse_prompt"]),
         embeddings=kw["embeddings"] or kw["reranking"],  # --reranking: embeddings with rank pooling

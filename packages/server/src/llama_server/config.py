@@ -80,6 +80,9 @@ class ServerConfig:
     chat_template_kwargs: dict = field(default_factory=dict)
     reasoning_format: str = "deepseek"
     reasoning: str = "auto"  # -rea on|off|auto: off renders every template with thinking disabled
+    override_kv: tuple[tuple[str, object], ...] = ()  # --override-kv KEY=TYPE:VALUE, parsed
+    rope_freq_base: float | None = None  # --rope-freq-base: the model's value when None
+    spm_infill: bool = False  # --spm-infill: /infill prompts in suffix-prefix-middle order
     reasoning_budget: int = -1  # thinking tokens before the block is closed (-1: unlimited, 0: none)
     prefill_assistant: bool = True
     reverse_prompts: tuple[str, ...] = ()

@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 from llama_engine import Engine, EngineConfig, FinalEvent
 from llama_engine.warmup import warm_sampling
 
+from .builtin_templates import make_template
 from .config import ServerConfig
+from .model_overrides import open_with_overrides
 from .prompts import max_piece_chars
 from .resumable import SessionStore
-from .builtin_templates import make_template
 from .template import ChatTemplate
 
 __all__ = ["DRAIN_MESSAGE", "TEXT_WORKERS", "Metrics", "ServerState", "SlotRecord"]
@@ -155,7 +156,7 @@ class ServerState:
         try:
             t0 = time.perf_counter()
             engine = Engine(
-                cfg.model,
+                open_with_overrides(cfg.model, cfg.override_kv, cfg.rope_freq_base),
                 EngineConfig(
                     n_ctx=cfg.n_ctx,
                     n_parallel=cfg.n_parallel,

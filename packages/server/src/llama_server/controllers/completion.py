@@ -69,6 +69,8 @@ async def _infill_prompt(request: Request, server: ServerState, body: InfillBody
         ctx += await enc("\n\n--- snippet ---\n\n" + chunk.text)
     bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
     fim = tok.fim_ids
+    if server.config.spm_infill:  # --spm-infill: suffix, then prefix (the order some models were trained on)
+        return [*ctx, *bos, fim["suf"], *suffix, fim["pre"], *prefix, *extra, fim["mid"]]  # type: ignore[list-item]
     return [*ctx, *bos, fim["pre"], *prefix, *extra, fim["suf"], *suffix, fim["mid"]]  # type: ignore[list-item]
 
 

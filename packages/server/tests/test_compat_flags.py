@@ -1,0 +1,52 @@
+"""llama-server flags that change the model: --override-kv and --rope-freq-base reach the engine's model."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from conftest import smollm2_path
+
+from llama_engine.arch import load_model
+from llama_server.cli import build_config, main
+from llama_server.model_overrides import open_with_overrides, parse_override_kv
+
+
+def test_override_kv_parsing():
+    assert parse_override_kv("llama.context_length=int:4096") == ("llama.context_length", 4096)
+    assert parse_override_kv("a.b=float:0.5") == ("a.b", 0.5)
+    assert parse_override_kv("a=bool:false") == ("a", False)
+    assert parse_override_kv("a=str:x:y") == ("a", "x:y")
+    for bad in ("a", "a=int", "a=long:1", "a=int:x", "a=bool:yes"):
+        with pytest.raises(ValueError):
+            parse_override_kv(bad)
+
+
+def test_overrides_reach_the_model():
+    path = str(smollm2_path())
+    assert open_with_overrides(path, (), None) == path  # nothing to change: the engine opens the file
+    gguf = open_with_overrides(path, (("llama.context_length", 1024),), 50000.0)
+    config = load_model(gguf).config
+    assert config.rope_base == 50000.0 and config.n_ctx_train == 1024
+    assert gguf.metadata["llama.rope.freq_base"] == 50000.0
+
+
+def test_flags_are_accepted_on_the_command_line():
+    ctx = main.make_context(
+        "llama-server",
+        [
+            "-m",
+            str(smollm2_path()),
+            "--override-kv",
+            "llama.context_length=int:1024",
+            "--rope-freq-base",
+            "1e4",
+            "--spm-infill",
+        ],
+    )
+    cfg = build_config(ctx.params)
+    assert (
+        cfg.override_kv == (("llama.context_length", 1024),) and cfg.rope_freq_base == 1e4 and cfg.spm_infill
+    )
+    bad = main.make_context("llama-server", ["-m", str(smollm2_path()), "--override-kv", "x=int:y"])
+    with pytest.raises(click.UsageError, match="override-kv"):
+        build_config(bad.params)
