@@ -126,3 +126,15 @@ def test_router_options_cover_the_server() -> None:
         for name in (*p.opts, *p.secondary_opts):
             opt, _ = lookup(name)
             assert opt.value == (not p.is_flag), name
+
+
+def test_single_dash_options_keep_their_meaning() -> None:
+    """`-hf`, `-no-kvu`, `-ctv` are not clusters of `-h`/`-v` flags; values that look like options stay."""
+    from llama_router.cli import long_form_args
+
+    got = long_form_args(
+        ["-no-kvu", "-np", "4", "-hf", "a/b:q", "-ctv", "f16", "-n", "-10", "-to", "5", "-c=3"]
+    )
+    assert got == ["--no-kv-unified", "--parallel", "4", "--hf-repo", "a/b:q", "--cache-type-v", "f16",
+                   "-n", "-10", "--timeout", "5", "--ctx-size=3"]  # fmt: skip
+    assert long_form_args(["--alias", "-np", "-v"]) == ["--alias", "-np", "-v"]

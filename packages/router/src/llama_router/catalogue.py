@@ -132,7 +132,8 @@ def _section(name: str, raw: dict[str, str]) -> tuple[dict[str, str], dict[str, 
         if k in RESERVED:
             log.warning("preset '%s': option '%s' is reserved for the router and ignored", name, key)
             continue
-        if k in ("model", "mmproj", "model-draft", "slot-save-path", "chat-template-file"):
+        if k in ("model", "mmproj", "model-draft", "slot-save-path", "chat-template-file", "grammar-file",
+                 "json-schema-file"):  # fmt: skip
             v = str(Path(v).expanduser().absolute())  # relative to the router's working directory
         options[k] = v
     return options, special

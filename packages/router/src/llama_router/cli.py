@@ -19,7 +19,7 @@ from . import options as opts
 from .catalogue import CatalogueError
 from .config import RouterConfig
 
-__all__ = ["main", "parse_child_options", "server_command"]
+__all__ = ["long_form_args", "main", "parse_child_options", "server_command"]
 
 
 def parse_child_options(args: list[str]) -> dict[str, str]:
@@ -48,6 +48,37 @@ def parse_child_options(args: list[str]) -> dict[str, str]:
         out[opt.key] = value
         i += 1
     return out
+
+
+def long_form_args(args: list[str]) -> list[str]:
+    """llama.cpp's single-dash multi-letter options (`-hf`, `-np`, `-no-kvu`, `-ctv`) in their long form:
+    click would read them as clusters of one-letter flags (`-h`, `-v`, ...)."""
+    out: list[str] = []
+    takes_value = False
+    for token in args:
+        if takes_value or not token.startswith("-") or token.startswith("--") or len(token) <= 2:
+            takes_value = takes_value is False and token.startswith("-") and _value_option(token)
+            out.append(token)
+            continue
+        name, eq, inline = token.partition("=")
+        try:
+            opt, negative = opts.lookup(name)
+        except opts.UnknownOption:
+            out.append(token)
+            continue
+        long = next((n for n in opt.negative if n.startswith("--")), opt.long) if negative else opt.long
+        out.append(long + eq + inline)
+        takes_value = opt.value and not eq
+    return out
+
+
+def _value_option(token: str) -> bool:
+    if "=" in token:
+        return False
+    try:
+        return opts.lookup(token)[0].value
+    except opts.UnknownOption:
+        return False
 
 
 def server_command() -> tuple[str, ...]:
@@ -98,12 +129,19 @@ _CTX = {
 @click.option("--max-queue", type=int, default=64, help="Requests waiting for a model before 503.")
 @click.option("-hft", "--hf-token", envvar="HF_TOKEN", help="Token for the model hub (sent only to it).")
 @click.option("--offline", is_flag=True, envvar="LLAMA_ARG_OFFLINE")
+@click.option(
+    "--replica-check-interval",
+    type=float,
+    default=5.0,
+    envvar="LLAMA_ARG_REPLICA_CHECK_INTERVAL",
+    help="Seconds between health checks of remote replicas.",
+)
 @click.option("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI")
 @click.option("--path", "static_path", envvar="LLAMA_ARG_STATIC_PATH", type=click.Path(file_okay=False))
 @click.option("-v", "--verbose", is_flag=True)
 @click.option("--log-disable", is_flag=True)
 @click.pass_context
-def main(ctx: click.Context, **kw: Any) -> None:
+def command(ctx: click.Context, **kw: Any) -> None:
     """Serve many GGUF models behind one address: one llama-server child per loaded model."""
     child_options = parse_child_options(list(ctx.args))
     if kw["offline"]:
@@ -137,6 +175,7 @@ def main(ctx: click.Context, **kw: Any) -> None:
         offline=kw["offline"],
         webui=kw["webui"],
         static_path=kw["static_path"],
+        health_interval=max(kw["replica_check_interval"], 0.1),
     )
     from .app import create_app
 
@@ -156,3 +195,9 @@ def main(ctx: click.Context, **kw: Any) -> None:
         ssl_keyfile=kw["ssl_key_file"],
         ssl_certfile=kw["ssl_cert_file"],
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `llama-router` command."""
+    args = sys.argv[1:] if argv is None else argv
+    command.main(args=long_form_args(args), prog_name="llama-router")

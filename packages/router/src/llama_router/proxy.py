@@ -194,28 +194,26 @@ class Proxy:
     async def _forward(
         self, inst: Instance, scope: Any, body: bytes, send: Any, disconnected: Any, post: bool
     ) -> None:
-        if inst.entry.remote:
-            replica = pick_replica(inst)
-            if replica is None:
-                await send_error(
-                    send, 503, f"model name={inst.name} has no healthy replica", "unavailable_error"
-                )
-                return
-            base, key = replica.url, replica.key
-            replica.outstanding += 1
-        else:
+        if not inst.entry.remote:
             if inst.child is None or not inst.running:
                 await send_error(send, 400, f"model name={inst.name} is not running", "invalid_request_error")
                 return
-            base, key, replica = inst.base_url, inst.key, None
-        try:
-            await self._relay(base, key, scope, body, send, disconnected)
-        finally:
-            if replica is not None:
+            await self._relay(inst.base_url, inst.key, scope, body, send, disconnected)
+            return
+        while (replica := pick_replica(inst)) is not None:
+            replica.outstanding += 1
+            try:
+                await self._relay(replica.url, replica.key, scope, body, send, disconnected, retry=True)
+                return
+            except _Unreachable:  # nothing was sent: out until a health check finds it again, try another
+                log.warning("replica %s of %s is unreachable: taken out", replica.url, inst.name)
+                replica.healthy = False
+            finally:
                 replica.outstanding -= 1
+        await send_error(send, 503, f"model name={inst.name} has no healthy replica", "unavailable_error")
 
     async def _relay(
-        self, base: str, key: str, scope: Any, body: bytes, send: Any, disconnected: Any
+        self, base: str, key: str, scope: Any, body: bytes, send: Any, disconnected: Any, retry: bool = False
     ) -> None:
         qs = scope.get("query_string", b"").decode("latin-1")
         url = base + scope["path"] + ("?" + qs if qs else "")
@@ -223,7 +221,7 @@ class Proxy:
         if key:
             headers.append((b"authorization", b"Bearer " + key.encode()))
         req = self.client.build_request(scope["method"], url, headers=headers, content=body or None)
-        task = asyncio.ensure_future(self._stream(req, send))
+        task = asyncio.ensure_future(self._stream(req, send, retry))
         await asyncio.wait({task, disconnected}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():  # client gone: closing our side of the child connection cancels the work there
             task.cancel()
@@ -232,9 +230,14 @@ class Proxy:
             return
         task.result()
 
-    async def _stream(self, req: httpx.Request, send: Any) -> None:
+    async def _stream(self, req: httpx.Request, send: Any, retry: bool = False) -> None:
         try:
             resp = await self.client.send(req, stream=True)
+        except httpx.ConnectError as e:
+            if retry:
+                raise _Unreachable(str(e)) from None
+            await send_error(send, 500, f"proxy error: {e or type(e).__name__}", "server_error")
+            return
         except httpx.HTTPError as e:
             body = f"proxy error: {e or type(e).__name__}".encode()
             await send(
@@ -263,6 +266,10 @@ class Proxy:
             await send({"type": "http.response.body", "body": b""})
         finally:
             await resp.aclose()
+
+
+class _Unreachable(Exception):
+    """The upstream refused the connection: the request was not sent."""
 
 
 async def _wait_disconnect(receive: Any) -> None:

@@ -1,0 +1,169 @@
+"""llama-router's cost: aggregate generated tokens/s and time to first token (p50, p95) through the router
+against the same child `llama-server` reached directly, on SmolLM2, for 1 and 4 concurrent streams.
+
+One router (`--models-dir` with SmolLM2) starts one child; the child's own address and private key are read
+from the router's model list and the child's environment, so both paths hit the very same process. Streamed
+`/completion` requests, greedy, a fixed token count (`ignore_eos`), `cache_prompt` off; router and direct
+take turns for ``--rounds`` rounds, each level keeping the best tokens/s of ``--repeats`` runs; the TTFT
+percentiles are over every request. Target: within 3% of the direct tokens/s and 5 ms of its TTFT.
+
+    python packages/router/bench/bench_router.py [--n-predict 64] [--repeats 3] [--rounds 2] [--levels 1,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server" / "bench"))
+from _servers import THREADS, Stream, cpu_features, free_port, percentile, serve, smollm2, stream_completion
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Water boils at"]
+MODEL = "smol"
+
+
+@dataclass
+class Level:
+    tps: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+
+    def add(self, wall: float, tokens: int, ttft: list[float]) -> None:
+        self.tps = max(self.tps, tokens / wall if wall > 0 else 0.0)
+        self.ttft += ttft
+
+
+def _round(clients: list[httpx.Client], n: int, n_predict: int) -> tuple[float, int, list[float]]:
+    streams: list[Stream | None] = [None] * n
+
+    def one(i: int) -> None:
+        body = {"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "n_predict": n_predict,
+                "temperature": 0, "ignore_eos": True, "cache_prompt": False}  # fmt: skip
+        streams[i] = stream_completion(clients[i], body)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    done = [s for s in streams if s is not None]
+    if any(s.status != 200 or len(s.token_times) != n_predict for s in done):
+        raise SystemExit(
+            f"a stream did not get {n_predict} tokens: {[(s.status, len(s.token_times)) for s in done]}"
+        )
+    return wall, sum(len(s.token_times) for s in done), [s.ttft for s in done]
+
+
+def _child(router: str) -> tuple[str, str]:
+    """Load the model through the router; the child's base URL and its private key."""
+    with httpx.Client(base_url=router, timeout=600) as c:
+        c.post("/models/load", json={"model": MODEL}).raise_for_status()
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            item = next(m for m in c.get("/models").json()["data"] if m["id"] == MODEL)
+            if item["status"]["value"] == "loaded":
+                break
+            time.sleep(0.2)
+        else:
+            raise SystemExit("the child did not load")
+    args = item["status"]["args"]
+    port = int(args[args.index("--port") + 1])
+    return f"http://127.0.0.1:{port}", _child_key(port)
+
+
+def _child_key(port: int) -> str:
+    """The key in the environment of the process listening on `port` (a bench on this machine only)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in cmd and cmd[cmd.index(b"--port") + 1] == str(port).encode():
+            for kv in env:
+                if kv.startswith(b"LLAMA_API_KEY="):
+                    return kv.split(b"=", 1)[1].decode()
+    raise SystemExit("the child's key was not found")
+
+
+def _measure(
+    clients: list[httpx.Client], levels: list[int], args: argparse.Namespace, out: dict[int, Level]
+) -> None:
+    for n in levels:  # untimed: open the connections, warm the path
+        _round(clients, n, 4)
+    for n in levels:
+        for _ in range(args.repeats):
+            out[n].add(*_round(clients, n, args.n_predict))
+
+
+def _ms(level: Level, q: float) -> float:
+    return percentile(level.ttft, q) * 1e3
+
+
+def _print_table(levels: list[int], via: dict[int, Level], direct: dict[int, Level]) -> None:
+    cols = ["streams", "router tok/s", "direct tok/s", "ratio", "router TTFT p50/p95 ms", "direct TTFT p50/p95 ms",
+            "TTFT p50 delta ms"]  # fmt: skip
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("-" * (len(c) + 1) + ":" for c in cols) + "|")
+    for n in levels:
+        a, b = via[n], direct[n]
+        row = [str(n), f"{a.tps:.1f}", f"{b.tps:.1f}", f"{a.tps / b.tps:.3f}x",
+               f"{_ms(a, 50):.1f} / {_ms(a, 95):.1f}", f"{_ms(b, 50):.1f} / {_ms(b, 95):.1f}",
+               f"{_ms(a, 50) - _ms(b, 50):+.1f}"]  # fmt: skip
+        print("| " + " | ".join(v.rjust(len(c)) for v, c in zip(row, cols, strict=True)) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--levels", default="1,4")
+    ap.add_argument("--ctx", type=int, default=2048, help="context of each slot")
+    args, _ = ap.parse_known_args()  # the bench session passes every script the same arguments
+    model = args.model or smollm2()
+    levels = [int(x) for x in args.levels.split(",")]
+    slots = max(levels)
+    router_bin = Path(sys.executable).parent / "llama-router"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / f"{MODEL}.gguf").symlink_to(model)
+        port = free_port()
+        flags = ["-c", str(args.ctx * slots), "-np", str(slots), "-no-kvu", "-t", str(THREADS)]
+        cmd = [str(router_bin), "--models-dir", d, "--port", str(port), "--log-disable", *flags]
+        print(
+            f"\n## llama-router vs its child directly, {Path(model).name}, {slots} slots of {args.ctx} tokens, "
+            f"{THREADS} threads, {args.n_predict} tokens per stream, best of {args.repeats} x {args.rounds} "
+            f"rounds; CPU: {cpu_features()}\n"
+        )
+        with serve(cmd) as server:
+            server.wait_health()
+            child, key = _child(server.base)
+            print("... measuring", file=sys.stderr)
+            via = [httpx.Client(base_url=server.base, timeout=600) for _ in range(slots)]
+            auth = {"Authorization": f"Bearer {key}"}
+            direct = [httpx.Client(base_url=child, timeout=600, headers=auth) for _ in range(slots)]
+            out_via = {n: Level() for n in levels}
+            out_direct = {n: Level() for n in levels}
+            try:
+                for _ in range(args.rounds):
+                    _measure(via, levels, args, out_via)
+                    _measure(direct, levels, args, out_direct)
+            finally:
+                for c in via + direct:
+                    c.close()
+    _print_table(levels, out_via, out_direct)
+
+
+if __name__ == "__main__":
+    main()
