@@ -46,7 +46,7 @@ async function main() {
 	const replays = []; // GET /v1/stream URLs
 	page.on('request', (r) => {
 		if (r.url().endsWith('/v1/chat/completions')) requests.push(JSON.parse(r.postData() ?? '{}'));
-		if (r.url().includes('/v1/stream?')) replays.push(r.url());
+		if (r.url().includes('/v1/stream?') && r.method() === 'GET') replays.push(r.url());
 	});
 
 	await step('the app asks for the API key, rejects a wrong one and accepts the right one', async () => {
@@ -203,6 +203,7 @@ async function main() {
 		await page.reload();
 		await page.getByTestId('message').nth(1).waitFor();
 		const reply2 = page.getByTestId('message').nth(1).getByTestId('message-content');
+		await page.getByTestId('message').nth(1).getByTestId('resumed').waitFor(); // re-attached
 		const text = await waitForReply(page);
 		assert.equal(requests.length, sent, 'the question was not asked again');
 		assert.ok(replays.length > 0, 'no GET /v1/stream');
