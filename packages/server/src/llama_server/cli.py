@@ -30,6 +30,7 @@ from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
 from .config import ServerConfig, bundled_model_path
 from .listen import bind_all, host_list
+from .lora import lora_from_flags
 from .model_overrides import parse_override_kv
 from .structured import default_grammar
 
@@ -187,6 +188,9 @@ def _opts(f: Any) -> Any:
             help="KV cache type for V: f16 or f32.",
         ),
         o("--slot-save-path", type=click.Path(file_okay=False), help="Directory for slot save/restore."),
+        o("--lora", multiple=True, help="LoRA adapter file(s), comma-separated, scale 1."),
+        o("--lora-scaled", multiple=True, help="LoRA adapters with a scale: FNAME:SCALE[,...]."),
+        o("--lora-init-without-apply", is_flag=True, help="Load LoRA adapters at scale 0."),
         # HTTP
         o("--host", default="127.0.0.1", envvar="LLAMA_ARG_HOST", show_default=True),
         o("--port", type=int, default=8080, envvar="LLAMA_ARG_PORT", show_default=True),
@@ -510,6 +514,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         embd_normalize=kw["embd_normalize"],
         sampling=sampling,
         verbose=kw["verbose"],
+        lora=lora_from_flags(kw["lora"], kw["lora_scaled"], kw["lora_init_without_apply"]),
     )
 
 

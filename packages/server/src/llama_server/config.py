@@ -94,6 +94,7 @@ class ServerConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     verbose: bool = False
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # drafters, draft model
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (path, initial scale), ids in this order
 
     @property
     def model_name(self) -> str:

@@ -18,6 +18,7 @@ from llama_engine.tokenizer import Tokenizer
 
 from .config import ServerConfig
 from .errors import ApiError
+from .lora import request_scales
 from .schemas import MAX_BIAS_TEXT_CHARS, GenParams, bias_pairs, bias_text_keys, token_id
 from .structured import GrammarFields, grammar_fields
 
@@ -174,8 +175,11 @@ async def build_requests(
     n = p.n_choices(n_slots)
     bias = await resolve_logit_bias(state, p.logit_bias)
     grammar = await grammar_fields(state, p)
+    lora = request_scales(state, p.lora)
     return [
-        build_request(p, prompt, cfg, tok, n_slots, n_probs, i, bias, grammar)
+        msgspec.structs.replace(
+            build_request(p, prompt, cfg, tok, n_slots, n_probs, i, bias, grammar), lora=lora
+        )
         for prompt in prompts
         for i in range(n)
     ]

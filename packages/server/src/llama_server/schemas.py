@@ -171,6 +171,7 @@ class GenParams(msgspec.Struct, kw_only=True):
     reasoning_format: str | None = None
     verbose: bool | None = None
     model: str | None = None
+    lora: Any = None  # [{"id", "scale"}]: this request's LoRA scales (llama_server.lora)
 
     def __post_init__(self) -> None:
         # checked as the body is decoded, so a request is refused before any of its text is tokenized

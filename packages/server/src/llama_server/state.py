@@ -96,6 +96,7 @@ class ServerState:
     drain_hooks: list[Callable[[str], object]] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None  # the app's event loop, set when it starts serving
     streams: SessionStore = field(default_factory=SessionStore)  # resumable streams by X-Conversation-Id
+    lora_scales: list[float] | None = None  # the global LoRA scales (llama_server.lora)
     _loader: threading.Thread | None = None
     _pool: ThreadPoolExecutor | None = None
 
@@ -169,6 +170,7 @@ class ServerState:
                     cache_type_k=cfg.cache_type_k,
                     cache_type_v=cfg.cache_type_v,
                     speculative=cfg.speculative,
+                    lora=tuple(p for p, _ in cfg.lora),
                 ),
             ).start()
             engine.tokenizer.warmup()

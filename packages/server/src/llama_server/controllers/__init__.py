@@ -6,6 +6,7 @@ from .completion import CompletionController
 from .embeddings import EmbeddingsController
 from .feature_off import FeatureOffController
 from .health import HealthController
+from .lora import LoraController
 from .metrics import MetricsController
 from .models import ModelsController
 from .props import PropsController
@@ -23,6 +24,7 @@ CONTROLLERS = [
     ResponsesController,
     EmbeddingsController,
     RerankController,
+    LoraController,
     TokenizeController,
     PropsController,
     ModelsController,

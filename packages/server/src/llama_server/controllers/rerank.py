@@ -20,6 +20,7 @@ from llama_engine.rerank import rerank_prompt
 
 from ..bridge import until_disconnect
 from ..errors import ApiError
+from ..lora import global_scales
 from ..prompts import INLINE_CHARS, MAX_TEXT_PIECES, check_request_chars, check_text_size
 from ..state import ServerState
 from ._common import SharedState, json_response
@@ -105,8 +106,9 @@ async def _prompts(st: ServerState, query: str, docs: list[str]) -> list[list[in
 
 async def _scores(request: Request, st: ServerState, prompts: list[list[int]]) -> list[float]:
     engine = st.require_engine()
+    lora = tuple(global_scales(st))
     handles = [
-        engine.submit_embedding(EmbeddingRequest(prompt=p, pooling=Pooling.RANK, normalize=-1))
+        engine.submit_embedding(EmbeddingRequest(prompt=p, pooling=Pooling.RANK, normalize=-1, lora=lora))
         for p in prompts
     ]
 
