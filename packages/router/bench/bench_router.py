@@ -4,7 +4,7 @@ against the same child `llama-server` reached directly, on SmolLM2, for 1 and 4 
 One router (`--models-dir` with SmolLM2) starts one child; the child's own address and private key are read
 from the router's model list and the child's environment, so both paths hit the very same process. Streamed
 `/completion` requests, greedy, a fixed token count (`ignore_eos`), `cache_prompt` off; router and direct
-take turns for ``--rounds`` rounds, each level keeping the best tokens/s of ``--repeats`` runs; the TTFT
+take turns run by run for ``--rounds`` rounds, each level keeping the best tokens/s of its runs; the TTFT
 percentiles are over every request. Target: within 3% of the direct tokens/s and 5 ms of its TTFT.
 
     python packages/router/bench/bench_router.py [--n-predict 64] [--repeats 3] [--rounds 2] [--levels 1,4]
@@ -97,13 +97,16 @@ def _child_key(port: int) -> str:
 
 
 def _measure(
-    clients: list[httpx.Client], levels: list[int], args: argparse.Namespace, out: dict[int, Level]
+    sides: list[tuple[list[httpx.Client], dict[int, Level]]], levels: list[int], args: argparse.Namespace
 ) -> None:
-    for n in levels:  # untimed: open the connections, warm the path
-        _round(clients, n, 4)
+    """Router and direct runs interleaved one by one, so a change in the machine's load hits both."""
+    for clients, _ in sides:
+        for n in levels:  # untimed: open the connections, warm the path
+            _round(clients, n, 4)
     for n in levels:
         for _ in range(args.repeats):
-            out[n].add(*_round(clients, n, args.n_predict))
+            for clients, out in sides:
+                out[n].add(*_round(clients, n, args.n_predict))
 
 
 def _ms(level: Level, q: float) -> float:
@@ -156,9 +159,9 @@ def main() -> None:
             out_via = {n: Level() for n in levels}
             out_direct = {n: Level() for n in levels}
             try:
-                for _ in range(args.rounds):
-                    _measure(via, levels, args, out_via)
-                    _measure(direct, levels, args, out_direct)
+                for i in range(args.rounds):  # the side that goes first alternates
+                    sides = [(via, out_via), (direct, out_direct)]
+                    _measure(sides if i % 2 == 0 else sides[::-1], levels, args)
             finally:
                 for c in via + direct:
                     c.close()

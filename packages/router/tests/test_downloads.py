@@ -26,7 +26,7 @@ FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
 @pytest.fixture(scope="module")
 def hub() -> Iterator[HubServer]:
     repos = {name: Repo({FILE: SMOL}) for name in ("org/smol-GGUF", "org/slow-GGUF", "org/cli-GGUF")}
-    with HubServer(repos) as h:
+    with HubServer(repos, files={"tiny-Q4_0.gguf": b"GGUF" + b"\0" * 4096}) as h:
         yield h
 
 
@@ -120,6 +120,20 @@ def test_download_errors(router: Router) -> None:
     r = router.http.delete("/models", params={"model": "model-a"})
     assert r.json()["error"]["message"] == "model name=model-a is not removable (not from cache)"
     assert router.http.get("/health").status_code == 200
+
+
+def test_url_download(router: Router, hub: HubServer) -> None:
+    """A plain URL lands in the cache under its file name."""
+    events = Events(router)
+    assert router.http.post("/models", json={"model": hub.url + "files/tiny-Q4_0.gguf"}).status_code == 200
+    events.wait("tiny-Q4_0", "download_finished")
+    events.wait("*", "models_reload")
+    item = _item(router, "tiny-Q4_0")
+    assert item and item["source"] == "cache" and item["status"]["value"] == "unloaded"
+    assert router.http.delete("/models", params={"model": "tiny-Q4_0"}).status_code == 200
+    assert _item(router, "tiny-Q4_0") is None
+    r = router.http.post("/models", json={"model": hub.url + "files/..%2Fescape.gguf"})
+    assert r.status_code == 400
 
 
 def test_cancel_download(router: Router, hub: HubServer, cache: Path) -> None:
