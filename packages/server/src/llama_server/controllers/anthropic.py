@@ -97,7 +97,9 @@ def _convert_message(m: Any) -> list[dict[str, Any]]:
         msg["reasoning_content"] = reasoning
     if tool_calls:
         msg["tool_calls"] = tool_calls
-    out = [msg] if (parts or tool_calls or role != "assistant") else []
+    # a user turn made only of tool results becomes just those tool messages (an empty user turn after
+    # them would count as the last query, and templates drop the reasoning before it)
+    out = [msg] if (parts or tool_calls or (role != "assistant" and not tool_msgs)) else []
     return out + tool_msgs
 
 
