@@ -24,7 +24,8 @@ from llama_engine import (
 )
 from llama_engine import scheduler as scheduler_module
 from llama_engine.requests import FinalEvent, TokenEvent
-from llama_engine.scheduler import _split_stop, build_dry_vocab
+from llama_engine.scheduler import _split_stop
+from llama_engine.vocab_tables import build_dry_vocab
 from llama_quant.cpu import KernelSet
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -28,7 +28,7 @@ from llama_engine import (
 from llama_engine.embedding import pool
 from llama_engine.handles import Embed, Generate
 from llama_engine.requests import FinalEvent, TokenEvent
-from llama_engine.scheduler import SlotState
+from llama_engine.slot import SlotState
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 BUDGET = 16

@@ -21,7 +21,7 @@ from .requests import (
     Usage,
 )
 from .sampling import SamplingParams
-from .scheduler import SlotState
+from .slot import SlotState
 from .state_file import StateFileError
 from .step import Step
 

@@ -41,7 +41,8 @@ from .kv_cache import KVCacheFullError
 from .lora import LoraAdapter, load_lora
 from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, TokenEvent
 from .rerank import RankHead
-from .scheduler import Scheduler, SlotState
+from .scheduler import Scheduler
+from .slot import SlotState
 from .speculative import SpeculativeConfig, Speculator
 from .state_file import PoolState, SeqState, StateFileError, model_fingerprint, read_state, write_state
 from .tokenizer import Tokenizer

@@ -16,14 +16,11 @@ likewise a request with a grammar waits for the grammar's view of the vocabulary
 
 from __future__ import annotations
 
-import enum
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,90 +32,15 @@ from .handles import Embed, Generate, RequestCancelledError
 from .kv_cache import KVCache
 from .requests import FinalEvent, GenerationRequest, StopReason, Timings, TokenEvent, Usage
 from .sampling import DryVocab, Sampler, SamplingParams
+from .slot import NO_REQUEST, Slot, SlotState, common_prefix, lora_key
 from .step import Step, StepBuilder, drafts_that_fit
 from .tokenizer import Tokenizer
+from .vocab_tables import build_dry_vocab, in_background
 
 if TYPE_CHECKING:
     from .speculative import Speculator
 
-__all__ = ["Emit", "Scheduler", "Slot", "SlotState", "build_dry_vocab"]
-
-Emit = Callable[[TokenEvent | FinalEvent], None]
-_Table = TypeVar("_Table")
-_NEVER = threading.Event()  # the cancel event of a slot with no request
-
-
-class SlotState(enum.IntEnum):
-    IDLE = 0
-    PROMPT = 1
-    GENERATE = 2
-
-
-@dataclass(slots=True, eq=False)
-class Slot:
-    """One sequence of the KV cache and the request it is serving."""
-
-    id: int
-    tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this sequence, in order
-    state: SlotState = SlotState.IDLE
-    request: GenerationRequest | None = None
-    prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # int32 [n_prompt]
-    emit: Emit | None = None
-    sampler: Sampler | None = None
-    detok: object = None
-    next_token: int = -1  # sampled, not yet in the cache
-    drafts: list[int] = field(default_factory=list)  # proposed tokens after next_token, to verify
-    n_prompt: int = 0
-    n_cached: int = 0
-    n_generated: int = 0
-    n_drafted: int = 0  # drafted tokens verified for the current request
-    n_draft_accepted: int = 0  # of those, accepted
-    held: str = ""  # text held back: it may be the start of a stop string
-    cancelled: threading.Event = _NEVER  # the RequestHandle's
-    arrival: float = 0.0  # when the request was submitted
-    t_start: float = 0.0  # when it took the slot
-    t_prompt_done: float = 0.0
-    last_used: float = 0.0
-    lora: tuple[float, ...] = ()  # the adapter scales the cached tokens were computed under
-
-
-def lora_key(scales: tuple[float, ...]) -> tuple[float, ...]:
-    """Adapter scales as a batching key: trailing zeros dropped (no adapter and scale 0 are the same)."""
-    n = len(scales)
-    while n and scales[n - 1] == 0:
-        n -= 1
-    return tuple(scales[:n])
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], np.int64) != np.asarray(b[:n], np.int64)
-    hit = np.flatnonzero(x)
-    return int(hit[0]) if len(hit) else n
-
-
-def build_dry_vocab(tok: Tokenizer) -> DryVocab:
-    """DRY's view of the vocabulary: every token's text (a scan of the whole vocabulary)."""
-    # llama.cpp: vocab.detokenize({t}, remove_special=false, unparse_special=true)
-    pieces = [tok.detokenize([t], False, True) for t in range(tok.n_vocab)]
-    return DryVocab(
-        pieces, lambda b: tok.encode(b.decode("utf-8", "replace"), add_special=False, parse_special=False)
-    )
-
-
-def _in_background(fn: Callable[[], _Table], name: str) -> Future[_Table]:
-    fut: Future[_Table] = Future()
-
-    def run() -> None:
-        try:
-            fut.set_result(fn())
-        except BaseException as e:  # handed to the requests that wait for it
-            fut.set_exception(e)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return fut
+__all__ = ["Scheduler"]
 
 
 class Scheduler:
@@ -227,7 +149,7 @@ class Scheduler:
     def _dry_ready(self) -> bool | BaseException:
         """Whether DRY's table is ready (its build starts off this thread on first use), or its error."""
         if self._dry_vocab is None:
-            self.set_dry_vocab(_in_background(lambda: build_dry_vocab(self.tokenizer), "llama-dry-vocab"))
+            self.set_dry_vocab(in_background(lambda: build_dry_vocab(self.tokenizer), "llama-dry-vocab"))
         assert self._dry_vocab is not None
         if not self._dry_vocab.done():
             return False
@@ -236,7 +158,7 @@ class Scheduler:
     def _grammar_ready(self) -> bool | BaseException:
         """Whether the grammar's vocabulary trie is ready (built off this thread on first use)."""
         if self._grammar_vocab is None:
-            self._grammar_vocab = _in_background(
+            self._grammar_vocab = in_background(
                 lambda: GrammarVocab.from_tokenizer(self.tokenizer), "llama-grammar-vocab"
             )
             self._grammar_vocab.add_done_callback(lambda _: self._wake())
@@ -273,7 +195,7 @@ class Scheduler:
         key = lora_key(req.lora)  # a cache computed under other adapters shares nothing
 
         def score(s: Slot) -> tuple[int, float]:
-            return (_common_prefix(s.tokens, req.prompt) if s.lora == key else 0, -s.last_used)
+            return (common_prefix(s.tokens, req.prompt) if s.lora == key else 0, -s.last_used)
 
         return max(idle, key=score)
 
@@ -305,11 +227,11 @@ class Scheduler:
         slot.state = SlotState.PROMPT
 
     def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
-        own = _common_prefix(slot.tokens, prompt)
+        own = common_prefix(slot.tokens, prompt)
         best, donor = own, None
         for other in self.slots:
             if other is not slot and other.tokens and other.lora == slot.lora:
-                n = _common_prefix(other.tokens, prompt)
+                n = common_prefix(other.tokens, prompt)
                 if n > best:
                     best, donor = n, other
         limit = len(prompt) - 1  # the last prompt token is always evaluated: its logits are needed
@@ -582,7 +504,7 @@ class Scheduler:
         # idle before the final event leaves: a client that reads it and asks for the slots sees it free
         s.state = SlotState.IDLE
         s.request = s.emit = s.sampler = s.detok = None
-        s.held, s.drafts, s.cancelled = "", [], _NEVER
+        s.held, s.drafts, s.cancelled = "", [], NO_REQUEST
         emit(final)
 
     def _final(

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..sampling import LLAMA_DEFAULT_SEED, Sampler
 from ..sampling.rng import resolve_seed
-from ..scheduler import SlotState
+from ..slot import SlotState
 from ..tokenizer import Tokenizer
 from .config import SpecType, SpeculativeConfig
 from .draft_model import DraftModel
@@ -29,7 +29,7 @@ from .verify import RejectionVerifier, SyntheticVerifier
 
 if TYPE_CHECKING:
     from ..requests import GenerationRequest
-    from ..scheduler import Slot
+    from ..slot import Slot
 
 __all__ = ["SpecStats", "Speculator"]
 

@@ -1,0 +1,70 @@
+"""A slot: one sequence of the KV cache and the request it is serving."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .requests import FinalEvent, GenerationRequest, TokenEvent
+from .sampling import Sampler
+
+__all__ = ["NO_REQUEST", "Emit", "Slot", "SlotState", "common_prefix", "lora_key"]
+
+Emit = Callable[[TokenEvent | FinalEvent], None]
+NO_REQUEST = threading.Event()  # the cancel event of a slot with no request
+
+
+class SlotState(enum.IntEnum):
+    IDLE = 0
+    PROMPT = 1
+    GENERATE = 2
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    """One sequence of the KV cache and the request it is serving."""
+
+    id: int
+    tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this sequence, in order
+    state: SlotState = SlotState.IDLE
+    request: GenerationRequest | None = None
+    prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # int32 [n_prompt]
+    emit: Emit | None = None
+    sampler: Sampler | None = None
+    detok: object = None
+    next_token: int = -1  # sampled, not yet in the cache
+    drafts: list[int] = field(default_factory=list)  # proposed tokens after next_token, to verify
+    n_prompt: int = 0
+    n_cached: int = 0
+    n_generated: int = 0
+    n_drafted: int = 0  # drafted tokens verified for the current request
+    n_draft_accepted: int = 0  # of those, accepted
+    held: str = ""  # text held back: it may be the start of a stop string
+    cancelled: threading.Event = NO_REQUEST  # the RequestHandle's
+    arrival: float = 0.0  # when the request was submitted
+    t_start: float = 0.0  # when it took the slot
+    t_prompt_done: float = 0.0
+    last_used: float = 0.0
+    lora: tuple[float, ...] = ()  # the adapter scales the cached tokens were computed under
+
+
+def lora_key(scales: tuple[float, ...]) -> tuple[float, ...]:
+    """Adapter scales as a batching key: trailing zeros dropped (no adapter and scale 0 are the same)."""
+    n = len(scales)
+    while n and scales[n - 1] == 0:
+        n -= 1
+    return tuple(scales[:n])
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], np.int64) != np.asarray(b[:n], np.int64)
+    hit = np.flatnonzero(x)
+    return int(hit[0]) if len(hit) else n
