@@ -109,6 +109,18 @@ def _measure(
                 out[n].add(*_round(clients, n, args.n_predict))
 
 
+def _hop(via: httpx.Client, direct: httpx.Client, n: int = 200) -> tuple[float, float]:
+    """p50 round trip (ms) of a tiny `/tokenize`, interleaved: what the extra hop costs without the model."""
+    times: tuple[list[float], list[float]] = ([], [])
+    body = {"model": MODEL, "content": "hi"}
+    for _ in range(n):
+        for client, out in ((via, times[0]), (direct, times[1])):
+            t0 = time.monotonic()
+            client.post("/tokenize", json=body).raise_for_status()
+            out.append(time.monotonic() - t0)
+    return percentile(times[0], 50) * 1e3, percentile(times[1], 50) * 1e3
+
+
 def _ms(level: Level, q: float) -> float:
     return percentile(level.ttft, q) * 1e3
 
@@ -159,6 +171,7 @@ def main() -> None:
             out_via = {n: Level() for n in levels}
             out_direct = {n: Level() for n in levels}
             try:
+                hop = _hop(via[0], direct[0])
                 for i in range(args.rounds):  # the side that goes first alternates
                     sides = [(via, out_via), (direct, out_direct)]
                     _measure(sides if i % 2 == 0 else sides[::-1], levels, args)
@@ -166,6 +179,7 @@ def main() -> None:
                 for c in via + direct:
                     c.close()
     _print_table(levels, out_via, out_direct)
+    print(f"\n/tokenize round trip p50: {hop[0]:.2f} ms through the router, {hop[1]:.2f} ms direct")
 
 
 if __name__ == "__main__":

@@ -95,6 +95,20 @@ def server_command() -> tuple[str, ...]:
     return (found,)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, made with protocol IPPROTO_TCP: asyncio sets TCP_NODELAY only on accepted
+    sockets that say so (`socket.create_server` leaves it 0), and with Nagle on, every small response on a
+    kept-alive connection waits ~40 ms for the client's delayed ACK."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(addr)
+    sock.listen(2048)
+    return sock
+
+
 def _keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
     keys = [k for k in (api_key or "").split(",") if k]
     if api_key_file:
@@ -155,7 +169,7 @@ def command(ctx: click.Context, **kw: Any) -> None:
     if kw["log_disable"]:
         logging.disable(logging.CRITICAL)
     tools = tools_config_from_options(kw)
-    sock = socket.create_server((kw["host"], kw["port"]), reuse_port=False)
+    sock = _listen(kw["host"], kw["port"])
     port = sock.getsockname()[1]
     cfg = RouterConfig(
         host=kw["host"],
@@ -186,15 +200,16 @@ def command(ctx: click.Context, **kw: Any) -> None:
     import uvicorn
 
     click.echo(f"llama-router: listening on http://{cfg.host}:{cfg.port}", err=True)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
-        fd=sock.fileno(),
         log_level="warning",
         server_header=False,
         timeout_graceful_shutdown=5,
         ssl_keyfile=kw["ssl_key_file"],
         ssl_certfile=kw["ssl_cert_file"],
     )
+    # the socket itself, not its fd: uvicorn would wrap an fd as a Unix socket (Nagle left on again)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:
