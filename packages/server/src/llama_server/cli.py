@@ -32,6 +32,7 @@ from .config import ServerConfig, bundled_model_path
 from .listen import bind_all, host_list
 from .lora import lora_from_flags
 from .model_overrides import parse_override_kv
+from .speculative_flags import build_spec_config, spec_options
 from .structured import default_grammar
 
 __all__ = ["build_config", "main", "serve"]
@@ -314,7 +315,7 @@ def _opts(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return _ignored_options(tools_options(cors_options(f)))
+    return spec_options(_ignored_options(tools_options(cors_options(f))))
 
 
 def _cache_type(name: str, flag: str) -> str:
@@ -515,6 +516,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         sampling=sampling,
         verbose=kw["verbose"],
         lora=lora_from_flags(kw["lora"], kw["lora_scaled"], kw["lora_init_without_apply"]),
+        speculative=build_spec_config(kw),
     )
 
 
