@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -25,20 +24,25 @@ import click
 from llama_tools import cors_options, cors_policy_from_options, tools_config_from_options, tools_options
 
 from llama_engine import SamplingParams
-from llama_engine.kv_cache import KV_TYPES
 from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
+from .cli_values import (
+    api_keys,
+    cache_type,
+    logit_bias,
+    override_kv,
+    reasoning_mode,
+    samplers_kw,
+    unescape,
+)
 from .config import ServerConfig, bundled_model_path
 from .listen import bind_all, host_list
 from .lora import lora_from_flags
-from .model_overrides import parse_override_kv
 from .speculative_flags import build_spec_config, spec_options
 from .structured import default_grammar
 
 __all__ = ["build_config", "main", "serve"]
 
-_TRUE, _FALSE = ("true", "1", "on", "enabled"), ("false", "0", "off", "disabled")
-_BOOL = dict.fromkeys(_TRUE, True) | dict.fromkeys(_FALSE, False)
 
 # (option names, takes a value) of llama.cpp flags that have no meaning for this server
 IGNORED: list[tuple[tuple[str, ...], bool]] = [
@@ -75,13 +79,6 @@ IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("-dt", "--defrag-thold"), True),
     (("--list-devices",), False),
 ]
-
-
-def _env_bool(value: str) -> bool:
-    v = value.strip().lower()
-    if v not in _BOOL:
-        raise click.BadParameter(f"not a boolean: {value!r}")
-    return _BOOL[v]
 
 
 def _ignored_options(f: Any) -> Any:
@@ -253,13 +250,23 @@ def _opts(f: Any) -> Any:
             envvar="LLAMA_ARG_THINK",
             type=click.Choice(["none", "auto", "deepseek", "deepseek-legacy"]),
         ),
-        o("-rea", "--reasoning", default="auto", envvar="LLAMA_ARG_REASONING", help="Thinking: on, off or auto."),
+        o(
+            "-rea",
+            "--reasoning",
+            default="auto",
+            envvar="LLAMA_ARG_REASONING",
+            help="Thinking: on, off or auto.",
+        ),
         o("--reasoning-budget", type=int, default=-1, envvar="LLAMA_ARG_THINK_BUDGET"),
         o("--prefill-assistant/--no-prefill-assistant", default=True, envvar="LLAMA_ARG_PREFILL_ASSISTANT"),
         o("-r", "--reverse-prompt", multiple=True, help="Default stop string (repeatable)."),
         # embeddings
         o("--embedding", "--embeddings", "embeddings", is_flag=True, envvar="LLAMA_ARG_EMBEDDINGS"),
-        o("--pooling", envvar="LLAMA_ARG_POOLING", type=click.Choice(["none", "mean", "cls", "last", "rank"])),
+        o(
+            "--pooling",
+            envvar="LLAMA_ARG_POOLING",
+            type=click.Choice(["none", "mean", "cls", "last", "rank"]),
+        ),
         o("--rerank", "--reranking", "reranking", is_flag=True, envvar="LLAMA_ARG_RERANKING"),
         o("--embd-normalize", type=int, default=2),
         # sampling
@@ -318,68 +325,6 @@ def _opts(f: Any) -> Any:
     return spec_options(_ignored_options(tools_options(cors_options(f))))
 
 
-def _cache_type(name: str, flag: str) -> str:
-    """llama.cpp's KV cache type names; the quantized ones have no implementation here."""
-    if name not in KV_TYPES:
-        raise click.BadParameter(
-            f"KV cache type {name!r} is not supported: use {' or '.join(KV_TYPES)}", param_hint=flag
-        )
-    return name
-
-
-def _keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
-    keys = [k for k in (api_key or "").split(",") if k]
-    if api_key_file:
-        for line in Path(api_key_file).read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                keys.append(line)
-    return tuple(keys)
-
-
-def _logit_bias(entries: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
-    out = []
-    for e in entries:
-        for sep in ("+", "-"):
-            i = e.find(sep, 1)
-            if i > 0:
-                try:
-                    out.append((int(e[:i]), float(e[i:])))
-                except ValueError:
-                    raise click.BadParameter(f"invalid logit bias {e!r}") from None
-                break
-        else:
-            raise click.BadParameter(f"invalid logit bias {e!r} (expected TOKEN+BIAS or TOKEN-BIAS)")
-    return tuple(out)
-
-
-def _override_kv(entries: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
-    try:
-        return tuple(parse_override_kv(e) for e in entries)
-    except ValueError as e:
-        raise click.UsageError(f"--override-kv: {e}") from None
-
-
-def _reasoning(value: str, budget: int) -> str:
-    """`-rea on|off|auto` (llama.cpp's truthy and falsy spellings too); a budget of 0 means off."""
-    v = value.strip().lower()
-    mode = "on" if v in _TRUE else "off" if v in _FALSE else "auto" if v == "auto" else None
-    if mode is None:
-        raise click.UsageError(f"error: unknown value for --reasoning: '{value}'")
-    return "off" if budget == 0 else mode
-
-
-def _unescape(s: str) -> str:
-    return (
-        s.replace("\\n", "\n")
-        .replace("\\r", "\r")
-        .replace("\\t", "\t")
-        .replace("\\'", "'")
-        .replace('\\"', '"')
-        .replace("\\\\", "\\")
-    )
-
-
 def build_config(kw: dict[str, Any]) -> ServerConfig:
     """Settings from the parsed command line; raises click.UsageError on invalid values."""
     for key, value in kw.items():
@@ -424,7 +369,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
     samplers = parse_samplers(kw["samplers"].split(";")) if kw["samplers"] else None
     if kw["sampler_seq"]:
         samplers = parse_samplers(kw["sampler_seq"])
-    breakers = tuple(_unescape(b) for b in kw["dry_sequence_breaker"])
+    breakers = tuple(unescape(b) for b in kw["dry_sequence_breaker"])
     if breakers == ("none",):
         breakers = ()
     try:
@@ -453,9 +398,9 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
             mirostat_tau=kw["mirostat_ent"],
             seed=0xFFFFFFFF if kw["seed"] == -1 else kw["seed"],
             ignore_eos=kw["ignore_eos"],
-            logit_bias=_logit_bias(kw["logit_bias"]),
+            logit_bias=logit_bias(kw["logit_bias"]),
             grammar=default_grammar(kw),
-            **_samplers_kw(samplers),
+            **samplers_kw(samplers),
         ).validate()
     except ValueError as e:
         raise click.UsageError(f"invalid sampling option: {e}") from None
@@ -481,11 +426,11 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         cache_prompt=kw["cache_prompt"],
         warmup=kw["warmup"],
         swa_full=kw["swa_full"],
-        cache_type_k=_cache_type(kw["cache_type_k"], "--cache-type-k"),
-        cache_type_v=_cache_type(kw["cache_type_v"], "--cache-type-v"),
+        cache_type_k=cache_type(kw["cache_type_k"], "--cache-type-k"),
+        cache_type_v=cache_type(kw["cache_type_v"], "--cache-type-v"),
         max_queue=kw["max_queue"],
         sleep_idle_seconds=kw["sleep_idle_seconds"],
-        api_keys=_keys(kw["api_key"], kw["api_key_file"]),
+        api_keys=api_keys(kw["api_key"], kw["api_key_file"]),
         timeout=kw["timeout"],
         sse_ping_interval=kw["sse_ping_interval"],
         cors_origins=cors.origins,
@@ -503,13 +448,13 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         chat_template=template,
         chat_template_kwargs=tmpl_kwargs,
         reasoning_format=kw["reasoning_format"],
-        reasoning=_reasoning(kw["reasoning"], kw["reasoning_budget"]),
+        reasoning=reasoning_mode(kw["reasoning"], kw["reasoning_budget"]),
         reasoning_budget=kw["reasoning_budget"],
-        override_kv=_override_kv(kw["override_kv"]),
+        override_kv=override_kv(kw["override_kv"]),
         rope_freq_base=kw["rope_freq_base"],
         spm_infill=kw["spm_infill"],
         prefill_assistant=kw["prefill_assistant"],
-        reverse_prompts=tuple(_unescape(r) for r in kw["reverse_prompt"]),
+        reverse_prompts=tuple(unescape(r) for r in kw["reverse_prompt"]),
         embeddings=kw["embeddings"] or kw["reranking"],  # --reranking: embeddings with rank pooling
         pooling="rank" if kw["reranking"] else kw["pooling"],
         embd_normalize=kw["embd_normalize"],
@@ -570,14 +515,12 @@ def main(**kw: Any) -> None:
     if os.environ.get("AIP_MODE") == "PREDICTION":  # Vertex AI: the platform names the port
         cfg = dataclasses.replace(cfg, port=int(os.environ.get("AIP_HTTP_PORT") or 8080))
     log_level = _setup_logging(kw)
-    sock = None
     hosts = host_list(kw["host"])
-    sockets = bind_all(hosts, cfg.port) if len(hosts) > 1 else None  # --host a,b: listen on each
-    if sockets:
+    sockets = None
+    if len(hosts) > 1 or (cfg.port == 0 and not cfg.host.endswith(".sock")):
+        # --host a,b: listen on each; port 0: pick a free port, and report the real one
+        sockets = bind_all(hosts, cfg.port)
         cfg = dataclasses.replace(cfg, port=sockets[0].getsockname()[1])
-    elif cfg.port == 0 and not cfg.host.endswith(".sock"):  # pick a free port, and report the real one
-        sock = socket.create_server((cfg.host, 0))
-        cfg = dataclasses.replace(cfg, port=sock.getsockname()[1])
     state = ServerState(cfg, exit_on_load_error=True)
     if is_child():  # started by llama-router: state lines on stdout, commands on stdin
         ChildChannel(state).start()
@@ -587,10 +530,8 @@ def main(**kw: Any) -> None:
     )
     uds = cfg.host if cfg.host.endswith(".sock") else None
     where: dict[str, Any] = (
-        {"fd": sock.fileno()} if sock is not None else {"host": cfg.host, "port": cfg.port, "uds": uds}
+        {"sockets": sockets} if sockets else {"host": cfg.host, "port": cfg.port, "uds": uds}
     )
-    if sockets:
-        where = {"sockets": sockets}
     serve(
         app,
         state,
@@ -617,8 +558,3 @@ def serve(app: Any, state: Any, **uvicorn_options: Any) -> None:
     sockets = uvicorn_options.pop("sockets", None)
     config = uvicorn.Config(app, timeout_graceful_shutdown=5, server_header=False, **uvicorn_options)
     DrainingServer(config).run(sockets=sockets)
-
-
-def _samplers_kw(samplers: tuple[str, ...] | None) -> dict[str, Any]:
-    """The `samplers` keyword for SamplingParams, only when the user set an order."""
-    return {} if samplers is None else {"samplers": samplers}

@@ -1,0 +1,101 @@
+"""The values of llama-server's flags: booleans, KV cache types, API keys, logit biases, `--override-kv`,
+`--reasoning`, escapes in prompts and the sampler order, each checked with a message naming the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from llama_engine.kv_cache import KV_TYPES
+
+from .model_overrides import parse_override_kv
+
+__all__ = [
+    "api_keys",
+    "cache_type",
+    "env_bool",
+    "logit_bias",
+    "override_kv",
+    "reasoning_mode",
+    "samplers_kw",
+    "unescape",
+]
+
+_TRUE, _FALSE = ("true", "1", "on", "enabled"), ("false", "0", "off", "disabled")
+_BOOL = dict.fromkeys(_TRUE, True) | dict.fromkeys(_FALSE, False)
+
+
+def env_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v not in _BOOL:
+        raise click.BadParameter(f"not a boolean: {value!r}")
+    return _BOOL[v]
+
+
+def cache_type(name: str, flag: str) -> str:
+    """llama.cpp's KV cache type names; the quantized ones have no implementation here."""
+    if name not in KV_TYPES:
+        raise click.BadParameter(
+            f"KV cache type {name!r} is not supported: use {' or '.join(KV_TYPES)}", param_hint=flag
+        )
+    return name
+
+
+def api_keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
+    keys = [k for k in (api_key or "").split(",") if k]
+    if api_key_file:
+        for line in Path(api_key_file).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys.append(line)
+    return tuple(keys)
+
+
+def logit_bias(entries: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
+    out = []
+    for e in entries:
+        for sep in ("+", "-"):
+            i = e.find(sep, 1)
+            if i > 0:
+                try:
+                    out.append((int(e[:i]), float(e[i:])))
+                except ValueError:
+                    raise click.BadParameter(f"invalid logit bias {e!r}") from None
+                break
+        else:
+            raise click.BadParameter(f"invalid logit bias {e!r} (expected TOKEN+BIAS or TOKEN-BIAS)")
+    return tuple(out)
+
+
+def override_kv(entries: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    try:
+        return tuple(parse_override_kv(e) for e in entries)
+    except ValueError as e:
+        raise click.UsageError(f"--override-kv: {e}") from None
+
+
+def reasoning_mode(value: str, budget: int) -> str:
+    """`-rea on|off|auto` (llama.cpp's truthy and falsy spellings too); a budget of 0 means off."""
+    v = value.strip().lower()
+    mode = "on" if v in _TRUE else "off" if v in _FALSE else "auto" if v == "auto" else None
+    if mode is None:
+        raise click.UsageError(f"error: unknown value for --reasoning: '{value}'")
+    return "off" if budget == 0 else mode
+
+
+def unescape(s: str) -> str:
+    return (
+        s.replace("\\n", "\n")
+        .replace("\\r", "\r")
+        .replace("\\t", "\t")
+        .replace("\\'", "'")
+        .replace('\\"', '"')
+        .replace("\\\\", "\\")
+    )
+
+
+def samplers_kw(samplers: tuple[str, ...] | None) -> dict[str, Any]:
+    """The `samplers` keyword for SamplingParams, only when the user set an order."""
+    return {} if samplers is None else {"samplers": samplers}
