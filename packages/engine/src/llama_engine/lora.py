@@ -22,6 +22,7 @@ import numpy as np
 
 from gguf_io import GGUFFile
 from gguf_io import open as open_gguf
+from llama_quant.cpu import KernelSet
 from llama_quant.kernels import ExactMatrix
 
 __all__ = ["LoraAdapter", "LoraError", "LoraWeight", "load_lora"]
@@ -74,7 +75,7 @@ def _meta(gguf: GGUFFile, key: str) -> object:
     return None if f is None else f.to_python()
 
 
-def _matrix(gguf: GGUFFile, name: str, kernels: object) -> ExactMatrix:
+def _matrix(gguf: GGUFFile, name: str, kernels: KernelSet | None) -> ExactMatrix:
     t = gguf.tensors[name]
     if len(t.shape) != 2:
         raise LoraError(f"{name} has shape {list(t.shape)}, expected a matrix")

@@ -44,9 +44,7 @@ async def prepare_chat(request: Request, server: ServerState, body: ChatBody) ->
     if fmt not in _REASONING_FORMATS:
         raise ApiError(f"Unknown reasoning format: {fmt}", "server_error")
     tools = bool(body.tools) and body.tool_choice != "none"
-    parsing = Parsing(
-        fmt != "none", tools, prompt.thinking_open, fmt == "deepseek-legacy", prompt.think_tags
-    )
+    parsing = Parsing(fmt != "none", tools, prompt.thinking_open, fmt == "deepseek-legacy", prompt.think_tags)
     return ChatJob(reqs, parsing, len(prompt.tokens))
 
 

@@ -17,6 +17,7 @@ from ._common import json_response
 
 __all__ = ["FeatureOffController"]
 
+
 class FeatureOffController(Controller):
     @post(["/v1/audio/transcriptions", "/audio/transcriptions"], status_code=200)
     async def transcriptions(self) -> Response:
