@@ -116,5 +116,7 @@ async def run_process(
         tail = decoder.decode(b"", final=True)
         if tail:
             await on_chunk(tail)
-    code = proc.returncode if proc.returncode is not None else -1
+    # a timed-out command was ended by our SIGKILL: say so even when asyncio's child watcher lost the exit
+    # status (it reports 255 for a pid it finds already reaped)
+    code = -signal.SIGKILL if timed_out else proc.returncode if proc.returncode is not None else -1
     return ExecResult(bytes(kept), code, timed_out, truncated)
