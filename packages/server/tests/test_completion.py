@@ -105,14 +105,6 @@ def test_context_exceeded(client):
     assert_error(client.post("/completion", json={"prompt": [1] * 2100, "stream": True}), 400)
 
 
-def test_grammar_not_supported(client):
-    assert_error(
-        client.post("/completion", json={"prompt": "x", "grammar": 'root ::= "a"'}),
-        501,
-        "not_supported_error",
-    )
-
-
 def test_infill_needs_fim_tokens(client):
     assert_error(
         client.post("/infill", json={"input_prefix": "def f(", "input_suffix": ")"}),

@@ -12,6 +12,7 @@ from conftest import start_server, stop_server
 
 from llama_server import cli
 from llama_server.cli import main
+from llama_server.headers import CanonicalHeaders
 from llama_server.middleware import IOTimeouts
 
 
@@ -103,8 +104,10 @@ TIMEOUT_FLAGS = [
 def test_option_parses_and_create_app_wraps_it(captured, args, env, expected):
     r = CliRunner().invoke(main, args, env=env)
     assert r.exit_code == 0, r.output
-    app = captured["app"]  # the Litestar app create_app built, timeouts outermost around its router
-    assert isinstance(app.asgi_handler, IOTimeouts) and app.asgi_handler.seconds == expected
+    app = captured["app"]  # the Litestar app create_app built: canonical header names, then the timeouts
+    handler = app.asgi_handler
+    assert isinstance(handler, CanonicalHeaders) and isinstance(handler.app, IOTimeouts)
+    assert handler.app.seconds == expected
     assert app.state.server.config.timeout == expected
 
 
