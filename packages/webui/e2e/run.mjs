@@ -193,6 +193,7 @@ async function main() {
 	});
 
 	await step('a reload mid-reply re-attaches to the generation and the reply finishes in place', async () => {
+		await setMaxTokens(page, '400'); // long enough to be still generating when the page reloads
 		await page.getByTestId('new-conversation').click();
 		await send(page, 'Tell me about the moon.');
 		const reply = page.getByTestId('message').nth(1).getByTestId('message-content');
@@ -214,6 +215,7 @@ async function main() {
 		await page.getByTestId('message').nth(1).getByTestId('resumed').waitFor();
 		await page.mouse.move(0, 0);
 		await shot(page, 'resumed-after-reload.png');
+		await setMaxTokens(page, '40');
 	});
 
 	await step('a dropped connection mid-reply reconnects and the reply finishes', async () => {
@@ -356,3 +358,12 @@ if (!results.failed.length) rmSync(tmp, { recursive: true, force: true });
 else console.log(`kept ${tmp} (server logs, failure screenshots)`);
 console.log(`\n${results.passed} passed, ${results.failed.length} failed`);
 process.exit(results.failed.length ? 1 : 0);
+
+async function setMaxTokens(page, value) {
+	await page.getByRole('button', { name: 'Settings' }).click();
+	const maxTokens = page.getByRole('dialog').locator('input[name="max_tokens"]');
+	await maxTokens.fill(value);
+	await maxTokens.press('Tab');
+	await page.keyboard.press('Escape');
+	await page.getByRole('dialog').waitFor({ state: 'hidden' });
+}
