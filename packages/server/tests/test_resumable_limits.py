@@ -141,7 +141,7 @@ def test_running_sessions_are_never_collected(limited, client):
     with httpx.stream(
         "POST",
         limited.base_url + "/v1/chat/completions",
-        json=_chat(40),
+        json=_chat(1000),  # still generating a second later, even on a fast machine
         headers={**AUTH, "X-Conversation-Id": conv_id},
         timeout=120,
     ) as r:
