@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
+
+from llama_tools.auth import api_key_ok
 
 from .config import RouterConfig
 from .proxy import send_error
@@ -50,11 +51,4 @@ class Edge:
         await self.app(scope, receive, send_edge)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
-        key = headers.get("authorization") or headers.get("x-api-key") or ""
-        if key.startswith("Bearer "):
-            key = key[7:]
-        given = key.encode("latin-1", "replace")
-        ok = False
-        for k in self.keys:  # every key compared: the time taken does not tell which one matched
-            ok |= hmac.compare_digest(given, k)
-        return ok
+        return api_key_ok(self.keys, headers)

@@ -11,13 +11,13 @@ forever.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from typing import Any
 
 import msgspec
 from llama_tools import CorsPolicy
+from llama_tools.auth import api_key_ok
 
 from .errors import error_body
 from .state import DRAIN_MESSAGE, ServerState
@@ -70,14 +70,7 @@ class EdgeMiddleware:
         await self.app(scope, receive, send_with_headers)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
-        key = headers.get("authorization") or headers.get("x-api-key") or ""
-        if key.startswith("Bearer "):
-            key = key[7:]
-        given = key.encode("latin-1", "replace")
-        ok = False
-        for k in self.keys:  # compare with every key: the time taken does not tell which one matched
-            ok |= hmac.compare_digest(given, k)
-        return ok
+        return api_key_ok(self.keys, headers)
 
     def _cors(self, headers: dict[str, str], preflight: bool) -> list[tuple[bytes, bytes]]:
         # the policy (`*`, `localhost`, a literal origin) is llama_tools', shared with llama-router
