@@ -51,6 +51,10 @@ def test_sleep_and_wake(sleepy: Server) -> None:
         assert not _sleeping(c)
         models = c.get("/v1/models", headers=KEY).json()
         _wait_asleep(c)
+        # /props answers from the snapshot as soon as the sleep begins; the line follows the release
+        deadline = time.monotonic() + 20
+        while "sleeping after" not in sleepy.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert "sleeping after" in sleepy.log.read_text()
         # none of these wake it
         assert c.get("/health").json() == {"status": "ok"}
