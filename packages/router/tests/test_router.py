@@ -16,8 +16,12 @@ from conftest import Router, start_router
 
 
 @pytest.fixture(scope="module")
-def router(models_dir: Path, cache_env: dict[str, str]) -> Iterator[Router]:
-    args = ["--models-dir", str(models_dir), "--models-max", "2", "--api-key", "sk-r", "--tools", "read_file"]
+def router(
+    models_dir: Path, cache_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Router]:
+    tools_dir = str(tmp_path_factory.getbasetemp())  # the tests' tmp_path directories are inside
+    args = ["--models-dir", str(models_dir), "--models-max", "2", "--api-key", "sk-r", "--tools", "read_file",
+            "--tools-dir", tools_dir]  # fmt: skip
     yield from start_router(args, cache_env, "sk-r")
 
 
@@ -158,6 +162,11 @@ def test_tools_and_cors_from_llama_tools(router: Router, tmp_path: Path) -> None
     f.write_text("one\ntwo\n")
     r = router.http.post("/tools", json={"tool": "read_file", "params": {"path": str(f)}}, headers=AUTH)
     assert r.status_code == 200 and "two" in json.dumps(r.json())
+    # --tools-dir confines the router's tools as llama-server's: outside (or through a link out) is refused
+    (tmp_path / "out").symlink_to(Path(__file__).parent)
+    for path in (__file__, str(tmp_path / "out" / "conftest.py"), "../" * 30 + "etc/hostname"):
+        r = router.http.post("/tools", json={"tool": "read_file", "params": {"path": path}}, headers=AUTH)
+        assert r.json() == {"error": f"path is outside the tools directory: {path}"}
     r = router.http.post("/tools", json={"tool": "write_file", "params": {}}, headers=AUTH)
     assert r.status_code == 404 and r.json()["message"] == 'unknown tool "write_file"'
     r = router.http.get("/cors-proxy", params={"url": "http://127.0.0.1:9/"}, headers=AUTH)

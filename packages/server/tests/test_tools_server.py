@@ -45,7 +45,9 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     bad = {"nonexistent": {"command": "this_executable_does_not_exist_12345", "args": []}}
     config = tmp / "more.json"
     config.write_text(json.dumps({"mcpServers": bad}))
-    s = start_server(tmp, "-c", "256", "-np", "1", "--tools", "all", "--ui-mcp-proxy", "--api-key", KEY,
+    # `--tools-dir /`: anywhere, as llama.cpp (its cases use absolute paths all over the machine);
+    # the default confinement is tested below
+    s = start_server(tmp, "-c", "256", "-np", "1", "--tools", "all", "--tools-dir", "/", "--ui-mcp-proxy", "--api-key", KEY,
                      "--mcp-servers-config", str(config), "--mcp-servers-json", servers)  # fmt: skip
     yield s
     stop_server(s)
@@ -427,3 +429,27 @@ def test_symlink_out_is_listed_not_walked(tc, tmp_path):
     assert paths == {"a.txt", "link", "loop"}
     res = call(tc, "grep_search", {"path": str(tmp_path / "inside"), "pattern": "s"})
     assert "secret" not in res["plain_text_response"]
+
+
+def test_tools_dir_confines_the_builtin_tools(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s3cr3t")
+    (root / "link").symlink_to(outside)
+    s = start_server(tmp_path, "-c", "256", "-np", "1", "--tools", "all", "--tools-dir", str(root))
+    try:
+        with s.client() as c:
+            for path in (str(outside / "secret.txt"), "../elsewhere/secret.txt", "link/secret.txt"):
+                res = call(c, "read_file", {"path": path})
+                assert res == {"error": f"path is outside the tools directory: {path}"}
+                res = call(c, "write_file", {"path": path, "content": "pwned"})
+                assert res == {"error": f"path is outside the tools directory: {path}"}
+            assert (outside / "secret.txt").read_text() == "s3cr3t"
+            assert call(c, "write_file", {"path": "in.txt", "content": "ok"})["bytes"] == 2
+            out = call(c, "exec_shell_command", {"command": "cat in.txt; pwd"})["plain_text_response"]
+            assert out.startswith(f"ok{root}\n")
+            res = call(c, "exec_shell_command", {"command": "touch x"}, {"x-tool-cwd": str(outside)})
+            assert "error" in res and not (outside / "x").exists()
+    finally:
+        stop_server(s)

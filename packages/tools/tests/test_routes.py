@@ -22,8 +22,9 @@ def _client(config: ToolsConfig) -> TestClient:
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with _client(ToolsConfig(tools=BUILTIN_TOOL_NAMES, cors_proxy=True)) as c:
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    root = str(tmp_path_factory.getbasetemp())  # every test's tmp_path is inside the tools directory
+    with _client(ToolsConfig(tools=BUILTIN_TOOL_NAMES, cors_proxy=True, root=root)) as c:
         yield c
 
 

@@ -67,6 +67,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("--cache-prompt", "LLAMA_ARG_CACHE_PROMPT", _F, "--no-cache-prompt"),
     _o("--warmup", None, _F, "--no-warmup"),
     _o("--swa-full", "LLAMA_ARG_SWA_FULL", _F),
+    _o("-ctxcp --ctx-checkpoints --swa-checkpoints", "LLAMA_ARG_CTX_CHECKPOINTS"),
+    _o("-cms --checkpoint-min-step", "LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
     _o("-ctk --cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"),
     _o("-ctv --cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"),
     _o("--slot-save-path"),
@@ -180,6 +182,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("--media-path", child=False),
     # the router's own (never passed to a child)
     _o("--tools", "LLAMA_ARG_TOOLS", child=False),
+    _o("--tools-dir", "LLAMA_ARG_TOOLS_DIR", child=False),
     _o("--tools-runtime", "LLAMA_ARG_TOOLS_RUNTIME", child=False),
     _o("-ag --agent", "LLAMA_ARG_AGENT", _F, "-no-ag --no-agent", child=False),
     _o("--mcp-servers-config", "LLAMA_ARG_MCP_SERVERS_CONFIG", child=False),

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,6 +30,9 @@ def tools_options(f: F) -> F:
         o("--tools", "tools", envvar="LLAMA_ARG_TOOLS",
           help="Built-in tools to enable: all, or names from read_file, file_glob_search, grep_search, "
           "exec_shell_command, write_file, edit_file, get_info."),
+        o("--tools-dir", "tools_dir", envvar="LLAMA_ARG_TOOLS_DIR", metavar="DIR",
+          help="Directory the built-in tools may read, write and run commands in (symbolic links and .. "
+          "resolved; anything outside is refused) [default: the working directory; / = anywhere]."),
         o("--tools-runtime", envvar="LLAMA_ARG_TOOLS_RUNTIME",
           help="Run every tool in an isolate: docker:<image>, podman:<image>, docker-container:<id>, "
           "podman-container:<id> or ssh:<target>."),
@@ -68,6 +72,7 @@ def tools_config_from_options(kw: dict[str, Any]) -> ToolsConfig:
         servers = load_mcp_servers(kw.get("mcp_servers_config"), kw.get("mcp_servers_json"))
         runtime = kw.get("tools_runtime") or ""
         check_runtime_spec(runtime)
+        root = _tools_dir(kw.get("tools_dir"))
     except (ToolsConfigError, RuntimeSpecError) as e:
         raise click.UsageError(str(e)) from None
     if (kw.get("mcp_servers_config") or kw.get("mcp_servers_json")) and not servers:
@@ -77,7 +82,16 @@ def tools_config_from_options(kw: dict[str, Any]) -> ToolsConfig:
         runtime=runtime,
         cors_proxy=bool(kw.get("ui_mcp_proxy") or kw.get("agent")),
         mcp_servers=servers,
+        root=root,
     )
+
+
+def _tools_dir(value: str | None) -> str:
+    """`--tools-dir` resolved once at start-up (default: the working directory); it must exist."""
+    root = os.path.realpath(os.path.expanduser(value) if value else os.getcwd())
+    if not os.path.isdir(root):
+        raise ToolsConfigError(f"--tools-dir: not a directory: {value}")
+    return root
 
 
 def cors_policy_from_options(kw: dict[str, Any], tools: ToolsConfig) -> CorsPolicy:

@@ -55,13 +55,15 @@ class ToolsConfig(msgspec.Struct, frozen=True):
 
     `tools`: the enabled built-in tools, in the fixed order. `runtime`: `--tools-runtime` ("" = the host).
     `cors_proxy`: `/cors-proxy` is served (`--ui-mcp-proxy` or `--agent`). `mcp_servers`: from
-    `--mcp-servers-config` then `--mcp-servers-json`.
+    `--mcp-servers-config` then `--mcp-servers-json`. `root`: `--tools-dir`, the directory the built-in
+    tools' host paths and commands are confined to ("" = the working directory; "/" = anywhere).
     """
 
     tools: tuple[str, ...] = ()
     runtime: str = ""
     cors_proxy: bool = False
     mcp_servers: tuple[McpServerSpec, ...] = ()
+    root: str = ""
 
     @property
     def enabled(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar
 
@@ -59,6 +60,8 @@ class ToolsService:
         self.runtime = ToolsRuntime(config.runtime) if config.runtime else None
         self.proxy = CorsProxy()
         self.stopping = asyncio.Event()
+        # the built-in tools' host paths stay below this directory (symbolic links resolved)
+        self.root = os.path.realpath(config.root or os.getcwd())
 
     @property
     def enabled(self) -> bool:
@@ -144,8 +147,8 @@ class ToolsService:
             if isinstance(tool, McpTool):
                 return await self._until_stopped(self.mcp.call(tool, params))
             args = tool.arguments(params)
-            io = make_io(args.get("runtime", ""), args.get("cwd", ""))
-            return await self._until_stopped(tool.run(args, io, None))
+            io = make_io(args.get("runtime", ""), args.get("cwd", ""), root=self.root)
+            return await self._until_stopped(tool.call(args, io))
         except _Stopped:
             return {"error": "cancelled"}
 
@@ -160,8 +163,8 @@ class ToolsService:
         async def produce() -> None:
             try:
                 args = tool.arguments(params)
-                io = make_io(args.get("runtime", ""), args.get("cwd", ""))
-                await self._until_stopped(tool.run(args, io, on_chunk))
+                io = make_io(args.get("runtime", ""), args.get("cwd", ""), root=self.root)
+                await self._until_stopped(tool.call(args, io, on_chunk))
             finally:
                 queue.put_nowait(None)
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .io import ToolsIO
+from .io import PathError, ToolsIO
 
 __all__ = ["Param", "ParamError", "Tool", "opt", "req"]
 
@@ -97,6 +97,18 @@ class Tool:
             "uses_cwd": True,
             "definition": self.definition(),
         }
+
+    async def call(
+        self, args: dict[str, Any], io: ToolsIO, on_chunk: Callable[[str], Awaitable[None]] | None = None
+    ) -> dict[str, Any]:
+        """Run with `args` (from `arguments`): a path outside the tools directory is the tool's error
+        (`{"error": ...}`, HTTP 200), nothing read or written."""
+        try:
+            return await self.run(args, io, on_chunk)
+        except PathError as e:
+            if on_chunk is not None:
+                raise
+            return {"error": str(e)}
 
     def arguments(self, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with defaults filled in: a required parameter missing or of the wrong type raises

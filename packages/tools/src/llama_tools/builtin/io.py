@@ -25,6 +25,7 @@ __all__ = [
     "HostIO",
     "IsolateIO",
     "ListResult",
+    "PathError",
     "RuntimeSpecError",
     "ToolsIO",
     "container_spec",
@@ -66,6 +67,16 @@ class RuntimeSpecError(RuntimeError):
     """A runtime spec that cannot be used; `POST /tools` answers it with 500 and this message."""
 
 
+class PathError(Exception):
+    """A path the tool may not touch (outside the tools directory, or not a path at all): the call answers
+    `{"error": message}` and reads or writes nothing."""
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether the absolute `path` is `root` or below it (both already resolved)."""
+    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+
+
 class ListResult(msgspec.Struct):
     """Entries below a base directory: `(relative path with /, is_dir)`; `truncated` when the walk budget
     ran out or a directory could not be read; `err` when the base is not a directory."""
@@ -89,6 +100,10 @@ class ToolsIO:
 
     def resolve(self, path: str) -> str:
         raise NotImplementedError
+
+    def workdir(self) -> str:
+        """Where relative paths and commands start."""
+        return self.cwd or os.getcwd()
 
     async def is_dir(self, path: str) -> bool:
         raise NotImplementedError
@@ -117,14 +132,44 @@ class ToolsIO:
 
 
 class HostIO(ToolsIO):
-    """The server's own machine."""
+    """The server's own machine. With `root` (the tools directory, resolved) every path is resolved with
+    its symbolic links and `..` and refused unless it stays inside; relative paths and commands start
+    from `cwd`, which must be inside too (default: `root`)."""
 
-    def resolve(self, path: str) -> str:
+    def __init__(self, cwd: str = "", root: str = "") -> None:
+        super().__init__(cwd)
+        self.root = root
+
+    def _absolute(self, path: str, base: str) -> str:
         if path == "~" or path.startswith("~/"):
             path = os.path.expanduser("~") + path[1:]
         if not os.path.isabs(path):
-            path = os.path.join(self.cwd or os.getcwd(), path)
+            path = os.path.join(base, path)
         return os.path.normpath(path).replace(os.sep, "/")
+
+    def _confined(self, path: str, shown: str) -> str:
+        # realpath resolves every symbolic link of the existing part (a link out is caught here) and
+        # `..` after it; the IO then uses this resolved path, not the one given
+        try:
+            real = os.path.realpath(path).replace(os.sep, "/")
+        except (OSError, ValueError):
+            raise PathError(f"invalid path: {shown}") from None
+        if not inside(real, self.root):
+            raise PathError(f"path is outside the tools directory: {shown}")
+        return real
+
+    def workdir(self) -> str:
+        """Where relative paths and commands start: `cwd` (checked), else the tools directory."""
+        if not self.root:
+            return self.cwd or os.getcwd()
+        if not self.cwd:
+            return self.root
+        return self._confined(self._absolute(self.cwd, self.root), self.cwd)
+
+    def resolve(self, path: str) -> str:
+        """The absolute path of `path`; raises PathError when it leaves the tools directory."""
+        full = self._absolute(path, self.workdir())
+        return self._confined(full, path) if self.root else full
 
     async def is_dir(self, path: str) -> bool:
         return os.path.isdir(self.resolve(path))
@@ -162,9 +207,8 @@ class HostIO(ToolsIO):
     async def run(
         self, argv: Sequence[str], max_output: int, timeout: float, on_chunk: Chunk | None = None
     ) -> ExecResult:
-        return await run_process(
-            argv, max_output=max_output, timeout=timeout, cwd=self.cwd, on_chunk=on_chunk
-        )
+        cwd = self.workdir() if self.root else self.cwd
+        return await run_process(argv, max_output=max_output, timeout=timeout, cwd=cwd, on_chunk=on_chunk)
 
 
 def _read_regular(path: str, limit: int) -> bytes | None:
@@ -373,12 +417,13 @@ def valid_container_id(cid: str) -> bool:
     return _ID_RE.fullmatch(cid) is not None
 
 
-def make_io(runtime: str, cwd: str, spawned_id: str | None = None) -> ToolsIO:
+def make_io(runtime: str, cwd: str, spawned_id: str | None = None, root: str = "") -> ToolsIO:
     """The IO for one call. `runtime`: the `x-tool-runtime` header or `--tools-runtime`; `spawned_id`: the
-    container `--tools-runtime docker:<image>` started. Raises RuntimeSpecError; never the host for a
-    runtime that was asked for."""
+    container `--tools-runtime docker:<image>` started; `root`: the resolved tools directory the host's
+    paths are confined to ("" = none; an isolate is its own confinement). Raises RuntimeSpecError; never
+    the host for a runtime that was asked for."""
     if not runtime:
-        return HostIO(cwd)
+        return HostIO(cwd, root)
     container = container_spec(runtime)
     if container is not None:
         engine, arg, attach = container

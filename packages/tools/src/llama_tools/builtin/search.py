@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from .base import Tool, opt, req
-from .io import LIST_BUDGET_S, ToolsIO
+from .io import LIST_BUDGET_S, PathError, ToolsIO
 
 __all__ = ["FILE_GLOB_SEARCH", "GREP_SEARCH", "glob_match", "path_glob_match"]
 
@@ -280,7 +280,10 @@ async def _grep_search(p: dict[str, Any], io: ToolsIO, _: Any) -> dict[str, Any]
     for full, shown in files:
         if limit_hit or time.monotonic() >= deadline:
             break
-        data = await io.read_bytes(full, GREP_FILE_MAX)
+        try:
+            data = await io.read_bytes(full, GREP_FILE_MAX)
+        except PathError:  # a symbolic link out of the tools directory: not searched
+            continue
         if data is None or b"\0" in data[:_BINARY_PROBE]:
             continue  # unreadable, too large or binary
         # the regex runs in a worker thread: the event loop keeps serving whatever the pattern costs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -60,7 +59,7 @@ async def _get_info(p: dict[str, Any], io: ToolsIO, _: Any) -> dict[str, Any]:
             ok = pwd.exit_code == 0 and not pwd.timed_out
             cwd = pwd.output.decode("utf-8", "replace").strip() if ok else "unknown"
         else:
-            cwd = os.getcwd()
+            cwd = io.workdir()
     return {"os": os_info or "unknown", "cwd": cwd}
 
 
