@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from exact_cases import ACT_KINDS, TYPES, make_acts, weights
 from gguf import GGMLQuantizationType as T
+from iq_cases import IQ_TYPES
 
 import llama_quant
 from llama_quant.cpu import KernelSet, host_kernel_set
@@ -161,12 +162,12 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="divisible"):
         ExactMatrix(np.zeros(10, np.uint8), T.Q4_K, 4, 32)
     with pytest.raises(ValueError, match="no exact kernel"):
-        ExactMatrix(np.zeros(10, np.uint8), T.IQ4_NL, 4, 32)
+        ExactMatrix(np.zeros(10, np.uint8), T.Q8_K, 4, 32)
     m = ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32)
     with pytest.raises(ValueError, match="columns"):
         m.matmul(Activations(64, 1).set(np.zeros(64, np.float32)))
     assert m.nbytes > 0 and m.activation_format == "q8" and m.vec_dot_type == T.Q8_0
-    assert set(TYPES) == SUPPORTED_TYPES
+    assert set(TYPES) | set(IQ_TYPES) == SUPPORTED_TYPES
 
 
 def test_a_kernel_set_the_host_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

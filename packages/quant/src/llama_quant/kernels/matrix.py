@@ -10,7 +10,8 @@ Q5_0, Q5_1 and Q8_0 through ``pairs`` and Q4_K and Q6_K through ``klanes``' 256-
 count (byte-pair multiply-adds on tiles stored at load in the order those kernels read: other integer
 arithmetic, the same sums, the same float steps); AVX512 runs Q8_0 through ``quads`` (VNNI 4-byte dot
 products) for every token count, Q4_0, Q4_1, Q5_0 and Q5_1 from ``quads.QUAD_TOKENS`` tokens on, and the
-K types' lanes on 512-bit vectors.
+K types' lanes on 512-bit vectors. The i-quants and ternary types run ``iquants``' layouts in every set
+(IQ4_NL widened to Q8_0 rows, with the set's Q8_0 kernels).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from ..cpu import KernelSet, resolve_kernel_set
-from . import act, blocks32, floats, klanes, kquants, pairs, quads
+from . import act, blocks32, floats, iquants, klanes, kquants, pairs, quads
 from ._ir import f16_scales
 from .ref import vec_dot_type
 
@@ -186,14 +188,18 @@ def _q5(name: str, ks: KernelSet) -> _Spec:
     return _Spec(32, bb, "q8", pack, run)
 
 
+_AS_Q8_0 = {"Q5_0": blocks32.q5_0_as_q8_0, "IQ4_NL": iquants.iq4_nl_as_q8_0}
+
+
 def _q8(name: str, ks: KernelSet) -> _Spec:
-    """Q8_0, and Q5_0 run as the Q8_0 it widens to at load (34 bytes a block instead of 22: portable, and
-    where Q5_0 rows stack with Q8_0 ones). AVX2 stores the tiles in byte pairs (``pairs.q8_pair_layout``),
-    AVX-512 in quads (``quads.q8_quad_layout``); one kernel serves every token count."""
+    """Q8_0, and Q5_0 and IQ4_NL run as the Q8_0 they widen to at load (34 bytes a block instead of 22 or
+    18: portable, and where Q5_0 rows stack with Q8_0 ones). AVX2 stores the tiles in byte pairs
+    (``pairs.q8_pair_layout``), AVX-512 in quads (``quads.q8_quad_layout``); one kernel serves every token
+    count."""
 
     def pack(raw: np.ndarray, r: int, c: int) -> tuple[np.ndarray, ...]:
-        if name == "Q5_0":
-            raw = blocks32.q5_0_as_q8_0(raw, r, c)
+        if name in _AS_Q8_0:
+            raw = _AS_Q8_0[name](raw, r, c)
         qs, d = blocks32.pack("Q8_0", raw, r, c)
         if ks is KernelSet.PORTABLE:
             return qs, d
@@ -206,7 +212,20 @@ def _q8(name: str, ks: KernelSet) -> _Spec:
         run = lambda a, o, x, n, r, nb: pairs.mm_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
     else:
         run = lambda a, o, x, n, r, nb: blocks32.mv_q8(o, a[0], a[1], x[0], x[1], n, r, nb)  # noqa: E731
-    return _Spec(32, blocks32.BLOCK_BYTES[name], "q8", pack, run)
+    return _Spec(32, GGML_QUANT_SIZES[T[name]][1], "q8", pack, run)
+
+
+def _iq(qtype: T) -> _Spec:
+    """The i-quants and ternary types not widened to Q8_0 (``iquants``): the same kernels in every set."""
+    bb = GGML_QUANT_SIZES[qtype][1]
+    if qtype == T.MXFP4:  # portable Q8_0 tiles with f32 scales (an e8m0 scale may not fit fp16)
+        mv = lambda a, o, x, n, r, nb: blocks32.mv_q8(o, *a, x[0], x[1], n, r, nb)  # type: ignore[call-arg]  # noqa: E731
+        return _Spec(32, bb, "q8", iquants.mxfp4_q8_tiles, mv)
+    if qtype == T.IQ4_XS:
+        mv = lambda a, o, x, n, r, nb: iquants.mv_iq4xs(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
+        return _Spec(256, bb, "q8k", iquants.pack_iq4xs, mv)
+    pk = lambda raw, r, c: iquants.pack_grid(qtype, raw, r, c)  # noqa: E731
+    return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: kquants.mv_k8(o, *a, *x, n, r, nb, 2))  # type: ignore[call-arg]
 
 
 def _k(qtype: T, bb: int, ks: KernelSet) -> _Spec:
@@ -251,6 +270,8 @@ def _specs(ks: KernelSet) -> dict[T, _Spec]:
         T.F16: _f(T.F16, 2, "f16"),
         T.BF16: _f(T.BF16, 2, "bf16"),
         T.F32: _f(T.F32, 4, "f32"),
+        T.IQ4_NL: _q8("IQ4_NL", ks),
+        **{q: _iq(q) for q in (T.MXFP4, T.IQ4_XS, *iquants.GRID_KINDS)},
     }
 
 

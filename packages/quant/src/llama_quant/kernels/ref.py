@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from . import ref_iquants
+
 __all__ = [
     "decode",
     "matmul",
@@ -39,6 +41,12 @@ _VEC_DOT_TYPE = {
     T.F16: T.F16,
     T.BF16: T.BF16,
     T.F32: T.F32,
+    T.IQ4_NL: T.Q8_0,
+    T.MXFP4: T.Q8_0,
+    **dict.fromkeys(
+        (T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S),
+        T.Q8_K,
+    ),
 }
 _BLOCK = {
     T.Q4_0: (32, 18),
@@ -51,6 +59,7 @@ _BLOCK = {
     T.Q4_K: (256, 144),
     T.Q5_K: (256, 176),
     T.Q6_K: (256, 210),
+    **ref_iquants.BLOCKS,
 }
 
 
@@ -148,6 +157,8 @@ def decode(raw: np.ndarray, qtype: T | int, rows: int, cols: int) -> dict[str, n
     integer sums multiply), ``d`` (and ``m`` / ``dmin``) f32 [rows, nb]; K types also ``sc`` (the integer
     scale of each 16 values) and ``mn`` (the min of each 16 values) int64 [rows, nb, 16]."""
     qtype = T(qtype)
+    if qtype in ref_iquants.BLOCKS:
+        return ref_iquants.decode(raw, qtype, rows, cols)
     block, nbytes = _BLOCK[qtype]
     b = np.asarray(raw).reshape(-1).view(np.uint8).reshape(rows, cols // block, nbytes)
     i64 = np.int64
@@ -276,9 +287,14 @@ def matmul(out: np.ndarray, raw: np.ndarray, qtype: T | int, rows: int, cols: in
                 sumf = sumf + (dw * dy) * s
             elif qtype == T.Q8_0:
                 sumf = sumf + s * (dw * dy)
+            elif qtype in (T.IQ4_NL, T.MXFP4):
+                sumf = sumf + (dy * dw) * s
             else:  # Q4_1, Q5_1
                 sumf = sumf + ((dw * dy) * s + wd["m"][None, :, b] * a["s"][:, b, None])
         out[:] = sumf
+        return
+    if qtype in ref_iquants.BLOCKS:
+        out[:] = ref_iquants.matmul_k(qtype, wd, a["q"], a["d"])
         return
     # K types: ggml's 8 lanes aux32[l] = sum over positions p = l (mod 8) of scale(p // 16) * q8[p] * a[p]
     nb = cols // 256
