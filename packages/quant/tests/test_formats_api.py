@@ -45,9 +45,9 @@ def test_unknown_and_unsupported_types():
     with pytest.raises(TypeError):
         lq.resolve_qtype(1.5)  # type: ignore[arg-type]
     with pytest.raises(
-        UnsupportedTypeError, match=r"quantizing to IQ2_XXS is not supported; supported: .*Q4_K"
+        UnsupportedTypeError, match=r"quantizing to Q8_K is not supported; supported: .*IQ2_XXS"
     ):
-        lq.quantize(np.zeros((1, 256), np.float32), "iq2_xxs")
+        lq.quantize(np.zeros((1, 256), np.float32), "q8_k")
     with pytest.raises(UnsupportedTypeError, match=r"dequantizing Q8_K is not supported; supported: .*IQ1_M"):
         lq.dequantize(np.zeros(292, np.uint8), "q8_k", (256,))
     assert issubclass(UnsupportedTypeError, ValueError)

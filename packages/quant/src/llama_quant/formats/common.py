@@ -293,7 +293,7 @@ def make_qp_quants(n, nmax, x, L, quant_weights):
         li = min(nmax, nearest_int(iscale * x[i]))
         L[i] = li & 0xFF
         w = quant_weights[i]
-        fl = _f(L[i])
+        fl = _f(li)  # the int, not the stored byte (they differ for the negative x of IQ2_XXS's sign groups)
         sumlx += w * x[i] * fl
         suml2 += w * fl * fl
     for _itry in range(5):

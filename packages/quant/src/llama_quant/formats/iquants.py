@@ -3,7 +3,7 @@
 """Dequantization of the grid-based i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S.
 
 Each kernel evaluates gguf-py's float32 expressions (``db * grid * sign`` or ``dl * (grid + delta)``) so
-the result is bit-identical to ``gguf.quants.dequantize``. Quantizing to these types is not provided.
+the result is bit-identical to ``gguf.quants.dequantize``. The quantizers are in iq2_quant and iq3_quant.
 Block layouts (ggml-common.h), all 256 weights:
   IQ2_XXS {f16 d; u16 qs[32]}                                   66 bytes
   IQ2_XS  {f16 d; u16 qs[32]; u8 scales[8]}                     74 bytes
@@ -20,6 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
 
+from llama_quant.formats import iq2_quant, iq3_quant
 from llama_quant.formats.common import F16_TO_F32
 from llama_quant.formats.drivers import dequantize_blocks
 from llama_quant.formats.grids import (
@@ -32,6 +33,7 @@ from llama_quant.formats.grids import (
     IQ3XXS_GRID,
     KSIGNS_IQ2XS,
 )
+from llama_quant.formats.ref import igrid as qref
 from llama_quant.formats.ref import iquants as ref
 from llama_quant.registry import BlockFormat
 
@@ -208,12 +210,16 @@ def dequantize_iq1_m(raw, n, out):
 
 class IQ2_XXS(BlockFormat, qtype=GGMLQuantizationType.IQ2_XXS):
     requires_imatrix = True
+    quantize_kernel = staticmethod(iq2_quant.quantize_iq2_xxs)
+    quantize_ref = staticmethod(qref.quantize_iq2_xxs)
     dequantize_kernel = staticmethod(dequantize_iq2_xxs)
     dequantize_ref = staticmethod(ref.dequantize_iq2_xxs)
 
 
 class IQ2_XS(BlockFormat, qtype=GGMLQuantizationType.IQ2_XS):
     requires_imatrix = True
+    quantize_kernel = staticmethod(iq2_quant.quantize_iq2_xs)
+    quantize_ref = staticmethod(qref.quantize_iq2_xs)
     dequantize_kernel = staticmethod(dequantize_iq2_xs)
     dequantize_ref = staticmethod(ref.dequantize_iq2_xs)
 
@@ -224,11 +230,15 @@ class IQ2_S(BlockFormat, qtype=GGMLQuantizationType.IQ2_S):
 
 
 class IQ3_XXS(BlockFormat, qtype=GGMLQuantizationType.IQ3_XXS):
+    quantize_kernel = staticmethod(iq3_quant.quantize_iq3_xxs)
+    quantize_ref = staticmethod(qref.quantize_iq3_xxs)
     dequantize_kernel = staticmethod(dequantize_iq3_xxs)
     dequantize_ref = staticmethod(ref.dequantize_iq3_xxs)
 
 
 class IQ3_S(BlockFormat, qtype=GGMLQuantizationType.IQ3_S):
+    quantize_kernel = staticmethod(iq3_quant.quantize_iq3_s)
+    quantize_ref = staticmethod(qref.quantize_iq3_s)
     dequantize_kernel = staticmethod(dequantize_iq3_s)
     dequantize_ref = staticmethod(ref.dequantize_iq3_s)
 
