@@ -20,12 +20,13 @@ def router(
     models_dir: Path, cache_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Router]:
     tools_dir = str(tmp_path_factory.getbasetemp())  # the tests' tmp_path directories are inside
-    args = ["--models-dir", str(models_dir), "--models-max", "2", "--api-key", "sk-r", "--tools", "read_file",
+    args = ["--models-dir", str(models_dir), "--models-max", "2", "--api-key", "sk-r,sk-o", "--tools", "read_file",
             "--tools-dir", tools_dir]  # fmt: skip
     yield from start_router(args, cache_env, "sk-r")
 
 
 AUTH = {"Authorization": "Bearer sk-r"}
+OTHER = {"X-Api-Key": "sk-o"}  # the router's second key: another client
 
 
 def test_router_props_and_auth(router: Router) -> None:
@@ -75,6 +76,7 @@ def test_stream_sse_events_and_child_key(router: Router) -> None:
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line[6:]))
     assert any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks)
+    _streams_are_scoped_to_their_key(router, body)
     t.join(30)
     kinds = [(e["event"], e.get("data", {}).get("status")) for e in events if e["model"] == "model-a"]
     assert kinds[0] == ("model_status", "loading") and ("status_change", "loaded") in kinds
@@ -90,6 +92,23 @@ def test_stream_sse_events_and_child_key(router: Router) -> None:
     router.wait_status("model-a", {"unloaded"})
     item = next(m for m in router.http.get("/models", headers=AUTH).json()["data"] if m["id"] == "model-a")
     assert "failed" not in item["status"]  # a graceful exit
+
+
+def _streams_are_scoped_to_their_key(router: Router, body: dict) -> None:
+    """A conversation started with one key does not exist for the other: lookup, replay and stop."""
+    conv, q = "conv-scoped::model-a", {"conv_id": "conv-scoped::model-a"}
+    r = router.http.post("/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-Id": conv})
+    assert r.status_code == 200
+    [entry] = router.http.post("/v1/streams/lookup", json={"conversation_ids": [conv]}, headers=AUTH).json()
+    assert entry["conversation_id"] == conv and entry["total_bytes"] == len(r.content)
+    assert (
+        router.http.post("/v1/streams/lookup", json={"conversation_ids": [conv]}, headers=OTHER).json() == []
+    )
+    assert router.http.get("/v1/stream", params=q, headers=OTHER).status_code == 404
+    assert router.http.delete("/v1/stream", params=q, headers=OTHER).status_code == 204  # nothing of theirs
+    assert router.http.get("/v1/stream", params=q, headers=AUTH).content == r.content
+    assert router.http.delete("/v1/stream", params=q, headers=AUTH).status_code == 204
+    assert router.http.get("/v1/stream", params=q, headers=AUTH).status_code == 404
 
 
 def test_no_autoload_query(router: Router) -> None:

@@ -19,6 +19,7 @@ import pytest
 from conftest import Server, assert_error, free_port, smollm2_path, sse_events
 
 KEY = "secret-key"
+OTHER = "another-key"  # a second client of the same server
 PREFIX = "/llm"
 CAP = 4096
 SETTINGS = {"stream_session_bytes": CAP, "stream_session_ttl": 1.0, "stream_gc_interval": 0.25}
@@ -40,7 +41,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     log = tmp_path_factory.mktemp("limited") / "server.log"
     args = ["-m", str(smollm2_path()), "--port", str(port), "-c", "2048", "-np", "2", "--temp", "0"]
-    args += ["--api-key", KEY, "--api-prefix", PREFIX]
+    args += ["--api-key", f"{KEY},{OTHER}", "--api-prefix", PREFIX]
     cmd = [sys.executable, "-c", _LAUNCH, json.dumps(SETTINGS), *args]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ})
     base = f"http://127.0.0.1:{port}{PREFIX}"
@@ -101,6 +102,34 @@ def test_api_key_applies_to_every_stream_route(limited, client):
     assert r.status_code == 200
     assert client.delete("/v1/stream", params={"conv_id": conv_id}).status_code == 204
     assert httpx.get(limited.base_url.removesuffix(PREFIX) + "/v1/stream", headers=AUTH).status_code == 404
+
+
+def test_sessions_are_scoped_to_the_key_that_created_them(limited, client):
+    """With several keys a session exists only for its own key: another key's lookup, replay and stop do
+    not see it, and its POST with the same id starts a session of its own instead of replacing it."""
+    conv_id = _id()
+    with httpx.Client(base_url=limited.base_url, timeout=60, headers={"X-Api-Key": OTHER}) as other:
+        with client.stream("POST", "/v1/chat/completions", json=_chat(120),
+                           headers={"X-Conversation-Id": conv_id}) as mine:  # fmt: skip
+            assert mine.status_code == 200
+            chunks = mine.iter_raw()
+            first = next(chunks)
+            assert other.post("/v1/streams/lookup", json={"conversation_ids": [conv_id]}).json() == []
+            assert_error(other.get("/v1/stream", params={"conv_id": conv_id}), 404, "not_found_error")
+            assert other.delete("/v1/stream", params={"conv_id": conv_id}).status_code == 204  # a no-op
+            r = other.post("/v1/chat/completions", json=_chat(2), headers={"X-Conversation-Id": conv_id})
+            assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+            [theirs] = other.post("/v1/streams/lookup", json={"conversation_ids": [conv_id]}).json()
+            assert theirs["is_done"] and theirs["total_bytes"] == len(r.content)
+            assert other.get("/v1/stream", params={"conv_id": conv_id}).content == r.content
+            [entry] = client.post("/v1/streams/lookup", json={"conversation_ids": [conv_id]}).json()
+            assert not entry["is_done"]  # still generating: neither the stop nor the POST touched it
+            body = first + b"".join(chunks)
+        assert body.endswith(b"data: [DONE]\n\n") and body.count(b'"finish_reason":"length"') == 1
+        [entry] = client.post("/v1/streams/lookup", json={"conversation_ids": [conv_id]}).json()
+        assert entry["is_done"] and entry["total_bytes"] == len(body)  # (over the 4 KiB ring: no replay)
+        assert client.delete("/v1/stream", params={"conv_id": conv_id}).status_code == 204
+        assert_error(client.get("/v1/stream", params={"conv_id": conv_id}), 404, "not_found_error")
 
 
 def test_offsets_below_the_dropped_prefix_are_lost(limited, client):

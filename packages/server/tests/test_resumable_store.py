@@ -107,6 +107,23 @@ def test_store_replaces_stops_evicts_and_looks_up_by_id_only():
     asyncio.run(main())
 
 
+def test_sessions_are_scoped_by_key():
+    async def main() -> None:
+        store = SessionStore()
+        mine, theirs = store.create("c", CFG, "k1"), store.create("c", CFG, "k2")  # no replacement
+        open_ = store.create("c::m", CFG)  # no keys: the "" scope
+        assert not mine.done and store.get("c", "k1") is mine and store.get("c", "k2") is theirs
+        assert store.get("c") is None and store.lookup(["c"], "k1") == [mine]
+        assert store.lookup(["c"]) == [open_] and store.lookup(["c"], "k3") == []
+        assert not store.stop("c", "k3") and not mine.cancelled
+        assert store.stop("c", "k2") and theirs.cancelled and store.get("c", "k1") is mine
+        store.evict(mine)
+        assert store.get("c", "k1") is None and store.get("c::m") is open_
+        store.close()
+
+    asyncio.run(main())
+
+
 def test_expiry_counts_from_completion_and_spares_running_sessions():
     async def main() -> None:
         store = SessionStore()

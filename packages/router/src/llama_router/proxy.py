@@ -12,9 +12,11 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
+from llama_tools.auth import key_scope
 
 from .models import Instance, LoadError, ModelManager
 from .replicas import pick_replica
+from .streams import child_id
 
 __all__ = ["GET_PROXIED", "POST_PROXIED", "Proxy", "is_proxied", "send_error"]
 
@@ -140,6 +142,9 @@ class Proxy:
             await send_error(send, 400, f"model '{name}' not found", "invalid_request_error")
             return
         conv = headers.get(b"x-conversation-id", b"").decode("utf-8", "replace")
+        if conv and self.manager.config.api_keys:  # the id the map and the child know: the key's own
+            conv = _scoped(self.manager.config.api_keys, headers, conv)
+            scope = {**scope, "headers": _with_conversation(scope.get("headers", []), conv)}
         ticket = self.conversations.register(conv, inst.name) if conv and self.conversations else None
         disconnected = asyncio.ensure_future(_wait_disconnect(receive))
         try:
@@ -266,6 +271,19 @@ class Proxy:
             await send({"type": "http.response.body", "body": b""})
         finally:
             await resp.aclose()
+
+
+def _scoped(keys: tuple[str, ...], headers: dict[bytes, bytes], conv: str) -> str:
+    auth = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()
+            if k in (b"authorization", b"x-api-key")}  # fmt: skip
+    return child_id(key_scope(keys, auth), conv)
+
+
+def _with_conversation(raw: list[Any], conv: str) -> list[Any]:
+    """The request headers with `X-Conversation-Id` set to the scoped id."""
+    out = [(k, v) for k, v in raw if k.lower() != b"x-conversation-id"]
+    out.append((b"x-conversation-id", conv.encode()))
+    return out
 
 
 class _Unreachable(Exception):

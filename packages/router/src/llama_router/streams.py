@@ -1,6 +1,11 @@
 """Resumable streams through the router (streams-and-tools.md §1.10): the `conv_id -> model` map filled
 by forwarded POSTs carrying `X-Conversation-Id`, and `/v1/stream`, `/v1/streams/lookup`, `DELETE
-/v1/stream` resolved through it (exact ids only, no fan-out)."""
+/v1/stream` resolved through it (exact ids only, no fan-out).
+
+With API keys a conversation is scoped to the key that started it, as in llama-server: the map is keyed by
+`child_id(scope, id)` and that is also the id the child sees (children hold one private key, so the
+router keeps the clients apart by giving each key's conversations ids of their own). Another key's GET,
+lookup or DELETE of the same id resolves to nothing. Without keys the id goes to the child unchanged."""
 
 from __future__ import annotations
 
@@ -14,12 +19,23 @@ from typing import Any
 import httpx
 from litestar import Request, Response, delete, get, post
 from litestar.response import Stream
+from llama_tools.auth import key_scope
 
-__all__ = ["ConversationMap", "stream_routes"]
+__all__ = ["ConversationMap", "child_id", "stream_routes"]
 
 JSON = "application/json; charset=utf-8"
 BUDGET = httpx.Timeout(0.25)  # the router's loopback lookup/stop calls
 _LOADING = frozenset({"loading", "downloading", "downloaded"})
+
+
+def child_id(scope: str, conv: str) -> str:
+    """The id a conversation has in the map and at the child: the client's id, prefixed by its key's
+    scope when the router has keys (two keys using one id never meet in a child)."""
+    return f"{scope}:{conv}" if scope else conv
+
+
+def _request_id(request: Request, conv: str) -> str:
+    return child_id(key_scope(request.app.state.manager.config.api_keys, request.headers), conv)
 
 
 class ConversationMap:
@@ -65,13 +81,14 @@ async def get_stream(request: Request) -> Response | Stream:
     conv = request.query_params.get("conv_id") or ""
     if not conv:
         return _error(400, "Missing conversation id in path", "invalid_request_error")
-    inst = _owner(request, conv)
+    cid = _request_id(request, conv)
+    inst = _owner(request, cid)
     if inst is not None and inst.status in _LOADING:
         return _error(503, "Stream owner model is loading, retry later", "unavailable_error")
     if inst is None or inst.status != "loaded":
         return _error(404, "Stream not found or expired", "not_found_error")
     client: httpx.AsyncClient = request.app.state.client
-    params = {"conv_id": conv}
+    params = {"conv_id": cid}
     if "from" in request.query_params:
         params["from"] = request.query_params["from"]
     req = client.build_request(
@@ -106,11 +123,14 @@ async def lookup_streams(request: Request) -> Response:
         return Response([], media_type=JSON)
     ids = data.get("conversation_ids") if isinstance(data, dict) else None
     groups: dict[str, list[str]] = {}
+    asked: dict[str, str] = {}  # child id -> the id the client named
     for conv in ids if isinstance(ids, list) else []:
         if isinstance(conv, str) and conv:
-            inst = _owner(request, conv)
+            cid = _request_id(request, conv)
+            inst = _owner(request, cid)
             if inst is not None and inst.status == "loaded":
-                groups.setdefault(inst.name, []).append(conv)
+                groups.setdefault(inst.name, []).append(cid)
+                asked[cid] = conv
     client: httpx.AsyncClient = request.app.state.client
     manager = request.app.state.manager
 
@@ -124,7 +144,11 @@ async def lookup_streams(request: Request) -> Response:
                 timeout=BUDGET,
             )
             out = r.json()
-            return [e for e in out if isinstance(e, dict) and e.get("conversation_id") in convs]
+            return [
+                {**e, "conversation_id": asked[e["conversation_id"]]}
+                for e in out
+                if isinstance(e, dict) and e.get("conversation_id") in convs
+            ]
         except (httpx.HTTPError, ValueError, TypeError):
             return []
 
@@ -137,14 +161,15 @@ async def delete_stream(request: Request) -> Response:
     conv = request.query_params.get("conv_id") or ""
     if not conv:
         return _error(400, "Missing conversation id in path", "invalid_request_error")
-    inst = _owner(request, conv)
-    request.app.state.conversations.forget(conv)  # also cancels a request still waiting for its model
+    cid = _request_id(request, conv)
+    inst = _owner(request, cid)
+    request.app.state.conversations.forget(cid)  # also cancels a request still waiting for its model
     if inst is not None and inst.child is not None:
         client: httpx.AsyncClient = request.app.state.client
         with contextlib.suppress(httpx.HTTPError):
             await client.delete(
                 inst.base_url + "/v1/stream",
-                params={"conv_id": conv},
+                params={"conv_id": cid},
                 headers=_child_headers(inst),
                 timeout=BUDGET,
             )

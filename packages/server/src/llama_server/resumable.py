@@ -8,6 +8,10 @@ is kept `stream_session_ttl` seconds (300) and collected by a sweep every `strea
 readers wake every `stream_reader_wake` (0.2) to notice a shutdown; `close_all` (SIGTERM) finalises every
 session so no reader waits forever.
 
+Sessions are scoped: each belongs to the API key it was created under (`llama_tools.auth.key_scope`, ""
+without keys), and every lookup, replay and stop sees only its caller's scope, so with several keys one
+client cannot list, read, replace or cancel another's streams even if it learns an id.
+
 Everything here runs on the event loop (the producer is the bridge's per-step callback, readers and the
 routes are coroutines), so there are no locks.
 """
@@ -72,8 +76,9 @@ def short_id(conv_id: str) -> str:
 class Session:
     """The SSE bytes of one generation, at absolute offsets since it started; at most `cap` kept."""
 
-    def __init__(self, conv_id: str, cap: int = SESSION_BYTES) -> None:
+    def __init__(self, conv_id: str, cap: int = SESSION_BYTES, scope: str = "") -> None:
         self.conv_id = conv_id
+        self.scope = scope  # the API key's scope it was created under
         self.cap = cap
         self.started_at = int(time.time())
         self.completed_at = 0  # unix seconds once finalised
@@ -173,23 +178,24 @@ _stores: weakref.WeakSet[SessionStore] = weakref.WeakSet()  # what close_all fin
 
 
 class SessionStore:
-    """The live sessions of one server, keyed by conversation id. There is deliberately no way to list
-    them: `lookup` answers only for the ids it is given."""
+    """The live sessions of one server, keyed by (scope, conversation id). There is deliberately no way to
+    list them: `lookup` answers only for the ids it is given, and only in the caller's scope."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[tuple[str, str], Session] = {}
         self.closed = False
         self.ttl = 300.0
         self.gc_interval = 60.0
         self._sweep: asyncio.TimerHandle | None = None
         _stores.add(self)
 
-    def create(self, conv_id: str, settings: StreamSettings) -> Session:
-        """A fresh session for `conv_id`, replacing (cancelling and finalising) the previous one."""
-        session = Session(conv_id, settings.stream_session_bytes)
+    def create(self, conv_id: str, settings: StreamSettings, scope: str = "") -> Session:
+        """A fresh session for `conv_id` in `scope`, replacing (cancelling and finalising) the previous one
+        of that scope (another scope's session of the same id is left alone)."""
+        session = Session(conv_id, settings.stream_session_bytes, scope)
         self.ttl, self.gc_interval = settings.stream_session_ttl, settings.stream_gc_interval
-        previous = self.sessions.get(conv_id)
-        self.sessions[conv_id] = session
+        previous = self.sessions.get((scope, conv_id))
+        self.sessions[scope, conv_id] = session
         if previous is not None:
             log.info("stream %s replaced: the previous generation is cancelled", short_id(conv_id))
             previous.cancel()
@@ -198,38 +204,44 @@ class SessionStore:
         self._schedule_sweep()
         return session
 
-    def get(self, conv_id: str) -> Session | None:
-        return self.sessions.get(conv_id)
+    def get(self, conv_id: str, scope: str = "") -> Session | None:
+        return self.sessions.get((scope, conv_id))
 
     def evict(self, session: Session) -> None:
         """Remove `session` (a request that did not stream) unless a newer one took its id; finalise it."""
-        if self.sessions.get(session.conv_id) is session:
-            del self.sessions[session.conv_id]
+        key = (session.scope, session.conv_id)
+        if self.sessions.get(key) is session:
+            del self.sessions[key]
         session.finalize()
 
-    def stop(self, conv_id: str) -> bool:
+    def stop(self, conv_id: str, scope: str = "") -> bool:
         """DELETE: remove the session, cancel its generation, finalise it. False when there was none."""
-        session = self.sessions.pop(conv_id, None)
+        session = self.sessions.pop((scope, conv_id), None)
         if session is None:
             return False
         session.cancel()
         return True
 
-    def lookup(self, ids: list[str]) -> list[Session]:
-        """The sessions whose id equals a requested one or starts with `<id>::` (per-model variants), in
-        request order; an id matching several returns them all, duplicates kept (as llama.cpp)."""
+    def lookup(self, ids: list[str], scope: str = "") -> list[Session]:
+        """The sessions of `scope` whose id equals a requested one or starts with `<id>::` (per-model
+        variants), in request order; an id matching several returns them all, duplicates kept (as
+        llama.cpp)."""
         out: list[Session] = []
         for rid in ids:
             variant = rid + "::"
-            out += [s for cid, s in self.sessions.items() if cid == rid or cid.startswith(variant)]
+            out += [
+                s
+                for (sc, cid), s in self.sessions.items()
+                if sc == scope and (cid == rid or cid.startswith(variant))
+            ]
         return out
 
     def collect(self, now: float | None = None) -> int:
         """Remove the sessions that finished at least `ttl` seconds ago; running ones always stay."""
         cutoff = (time.time() if now is None else now) - self.ttl
-        expired = [cid for cid, s in self.sessions.items() if s.completed_at and s.completed_at <= cutoff]
-        for cid in expired:
-            self.sessions.pop(cid).finalize()
+        expired = [key for key, s in self.sessions.items() if s.completed_at and s.completed_at <= cutoff]
+        for key in expired:
+            self.sessions.pop(key).finalize()
         return len(expired)
 
     def close(self) -> None:

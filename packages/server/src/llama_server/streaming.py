@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import msgspec
 from litestar import Request, Response
 from litestar.response import Stream
+from llama_tools.auth import key_scope
 
 from llama_engine import FinalEvent, GenerationRequest, StopReason, TokenEvent
 from llama_engine.tokenizer import Tokenizer
@@ -121,7 +122,8 @@ async def respond(
     final, or (`body.stream`) an SSE stream of its events. With `X-Conversation-Id` the stream is written
     to that conversation's session (replacing the previous one) and outlives its connection."""
     conv_id = header_id(request.headers.get("x-conversation-id", ""))
-    session = state.streams.create(conv_id, state.config) if conv_id else None
+    scope = key_scope(state.config.api_keys, request.headers)  # the session is the caller's key's
+    session = state.streams.create(conv_id, state.config, scope) if conv_id else None
     try:
         run = Run(state)
         run.submit_all(reqs)

@@ -2,7 +2,8 @@
 resumable streams that `X-Conversation-Id` creates (streams-and-tools.md §1.6-1.8).
 
 The id travels in the query string (`conv_id`, URL-encoded) because it may hold `/` and `::`
-(`conv42::org/model`). Ids are capabilities: nothing lists them, and logs show only a short prefix.
+(`conv42::org/model`). Ids are capabilities: nothing lists them, logs show only a short prefix, and with
+API keys a session is visible only to the key it was created under.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
+from llama_tools.auth import key_scope
 
 from ..errors import ApiError
 from ..resumable import Reader, Session, short_id
@@ -20,7 +22,7 @@ from ..state import ServerState
 from ..streaming import EventStream, Replay
 from ._common import SharedState, json_response
 
-__all__ = ["StreamsController"]
+__all__ = ["StreamsController", "stream_scope"]
 
 log = logging.getLogger("llama_server")
 
@@ -44,8 +46,13 @@ def _conv_id(request: Request[Any, Any, Any]) -> str:
     return conv_id
 
 
-def _session(server: ServerState, conv_id: str) -> Session:
-    session = server.streams.get(conv_id)
+def stream_scope(request: Request[Any, Any, Any], server: ServerState) -> str:
+    """The caller's scope: its API key's ("" without keys). Sessions of other scopes do not exist for it."""
+    return key_scope(server.config.api_keys, request.headers)
+
+
+def _session(request: Request[Any, Any, Any], server: ServerState, conv_id: str) -> Session:
+    session = server.streams.get(conv_id, stream_scope(request, server))
     if session is None:
         raise ApiError("Stream not found or expired", "not_found_error")
     return session
@@ -81,7 +88,7 @@ class StreamsController(Controller):
     @get("/v1/stream")
     async def follow(self, request: Request, server: SharedState) -> EventStream:
         """The session's bytes from `from` on, then its live bytes until it is finalised."""
-        session = _session(server, _conv_id(request))
+        session = _session(request, server, _conv_id(request))
         offset = _offset(request, session)
         reader = Reader(session, offset, server.config.stream_reader_wake, server.streams)
         return EventStream(Replay(reader), None)
@@ -93,7 +100,7 @@ class StreamsController(Controller):
             ids = _requested_ids(await request.body())
         except _LookupError as e:  # llama.cpp's one error object without a `code`
             return json_response({"error": {"message": str(e), "type": "invalid_request_error"}}, 400)
-        found = server.streams.lookup(ids)
+        found = server.streams.lookup(ids, stream_scope(request, server))
         return json_response(
             [_Entry(s.conv_id, s.done, s.total_bytes, s.started_at, s.completed_at) for s in found]
         )
@@ -102,6 +109,6 @@ class StreamsController(Controller):
     async def stop(self, request: Request, server: SharedState) -> Response:
         """Stop: the session is removed, its generation cancelled, its readers reach the end. Always 204."""
         conv_id = _conv_id(request)
-        if server.streams.stop(conv_id):
+        if server.streams.stop(conv_id, stream_scope(request, server)):
             log.info("stream %s stopped", short_id(conv_id))
         return Response(b"", status_code=204, media_type="application/json")
