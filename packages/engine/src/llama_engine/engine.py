@@ -39,7 +39,7 @@ from .handles import (
 )
 from .kv_cache import KVCacheFullError
 from .lora import LoraAdapter, load_lora
-from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, TokenEvent
+from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .rerank import RankHead
 from .scheduler import Scheduler
 from .slot import SlotState
@@ -221,7 +221,9 @@ class Engine:
     # -- requests ----------------------------------------------------------------------------------------
 
     def submit(
-        self, req: GenerationRequest, on_event: Callable[[TokenEvent | FinalEvent], None] | None = None
+        self,
+        req: GenerationRequest,
+        on_event: Callable[[TokenEvent | ProgressEvent | FinalEvent], None] | None = None,
     ) -> RequestHandle:
         """Queue a generation. Raises QueueFullError when too many requests wait, ValueError when the
         prompt cannot fit the slot's context."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, TokenEvent
+from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 
 __all__ = [
     "Embed",
@@ -30,7 +30,7 @@ __all__ = [
     "Wake",
 ]
 
-Event = TokenEvent | FinalEvent
+Event = TokenEvent | ProgressEvent | FinalEvent
 
 
 class RequestCancelledError(RuntimeError):

@@ -13,6 +13,7 @@ __all__ = [
     "FinalEvent",
     "GenerationRequest",
     "Pooling",
+    "ProgressEvent",
     "StopReason",
     "Timings",
     "TokenEvent",
@@ -51,6 +52,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     context_shift: bool = False  # shift (drop half after n_keep) instead of stopping when the context is full
     post_sampling_probs: bool = False  # n_probs after the sampler chain instead of over the raw logits
     timings_per_token: bool = False  # every TokenEvent carries the request's timings so far
+    return_progress: bool = False  # a ProgressEvent before the prompt is evaluated and after each chunk
     lora: tuple[float, ...] = ()  # the scale of each of the engine's LoRA adapters (by id); () or 0: none
 
 
@@ -88,6 +90,18 @@ class TokenEvent(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     text: str
     prob: float = 0.0
     top: list[tuple[int, float]] = []
+    timings: Timings | None = None
+
+
+class ProgressEvent(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Prompt processing so far (llama.cpp's `prompt_progress`), only for `return_progress` requests: one
+    before evaluation starts (`processed == cache`), then one per evaluated chunk (the last one has
+    `processed == total`). `timings` (prompt part only) when the request asked for `timings_per_token`."""
+
+    total: int  # prompt tokens
+    cache: int  # of those, reused from the cache
+    processed: int  # in the cache now (reused + evaluated)
+    time_ms: int  # since the request took its slot
     timings: Timings | None = None
 
 

@@ -30,8 +30,10 @@ from .grammar.matcher import GrammarMatcher, request_matcher
 from .grammar.vocab import GrammarVocab
 from .handles import Embed, Generate, RequestCancelledError
 from .kv_cache import KVCache
+from .progress import progress_event
 from .requests import FinalEvent, GenerationRequest, StopReason, Timings, TokenEvent, Usage
 from .sampling import DryVocab, Sampler, SamplingParams
+from .sampling.reasoning_budget import piece_complete
 from .slot import NO_REQUEST, Slot, SlotState, common_prefix, lora_key
 from .step import Step, StepBuilder, drafts_that_fit
 from .tokenizer import Tokenizer
@@ -220,11 +222,19 @@ class Scheduler:
         params = req.sampling
         vocab = self._dry_vocab.result() if params.dry_multiplier != 0 and self._dry_vocab else None
         slot.sampler = Sampler(
-            params, self.n_vocab, vocab=vocab, eog_tokens=self._eog, n_ctx=self.n_ctx_slot, grammar=grammar
+            params,
+            self.n_vocab,
+            vocab=vocab,
+            eog_tokens=self._eog,
+            n_ctx=self.n_ctx_slot,
+            grammar=grammar,
+            complete=piece_complete(self.tokenizer) if params.reasoning_budget is not None else None,
         )
         slot.sampler.accept_many(prompt)
         slot.detok = self.tokenizer.streaming()
         slot.state = SlotState.PROMPT
+        if req.return_progress:  # llama.cpp's first update: nothing evaluated yet (processed == cache)
+            msg.handle._emit(progress_event(slot, start=True))
 
     def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
         own = common_prefix(slot.tokens, prompt)
@@ -351,6 +361,8 @@ class Scheduler:
         assert s.request is not None
         start = len(s.tokens)
         s.tokens.extend(s.request.prompt[start : start + n])
+        if s.request.return_progress:
+            s.emit(progress_event(s))  # type: ignore[misc]
         if row is None:
             return
         s.state = SlotState.GENERATE

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .requests import FinalEvent, GenerationRequest, TokenEvent
+from .requests import FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .sampling import Sampler
 
 __all__ = ["NO_REQUEST", "Emit", "Slot", "SlotState", "common_prefix", "lora_key"]
 
-Emit = Callable[[TokenEvent | FinalEvent], None]
+Emit = Callable[[TokenEvent | ProgressEvent | FinalEvent], None]
 NO_REQUEST = threading.Event()  # the cancel event of a slot with no request
 
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 from llama_engine import (
     FinalEvent,
     GenerationRequest,
+    ProgressEvent,
     QueueFullError,
     RequestHandle,
     StopReason,
@@ -34,7 +35,7 @@ from .state import ServerState, SlotRecord
 __all__ = ["Cancellable", "Event", "Run", "Wakeup", "resolve", "until_disconnect"]
 
 
-Event: TypeAlias = TokenEvent | FinalEvent
+Event: TypeAlias = TokenEvent | ProgressEvent | FinalEvent
 T = TypeVar("T")
 
 

@@ -257,7 +257,8 @@ def _opts(f: Any) -> Any:
             envvar="LLAMA_ARG_REASONING",
             help="Thinking: on, off or auto.",
         ),
-        o("--reasoning-budget", type=int, default=-1, envvar="LLAMA_ARG_THINK_BUDGET"),
+        o("--reasoning-budget", type=click.IntRange(min=-1), default=-1, envvar="LLAMA_ARG_THINK_BUDGET"),
+        o("--reasoning-budget-message", default="", envvar="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
         o("--prefill-assistant/--no-prefill-assistant", default=True, envvar="LLAMA_ARG_PREFILL_ASSISTANT"),
         o("-r", "--reverse-prompt", multiple=True, help="Default stop string (repeatable)."),
         # embeddings
@@ -450,6 +451,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         reasoning_format=kw["reasoning_format"],
         reasoning=reasoning_mode(kw["reasoning"], kw["reasoning_budget"]),
         reasoning_budget=kw["reasoning_budget"],
+        reasoning_budget_message=kw["reasoning_budget_message"],
         override_kv=override_kv(kw["override_kv"]),
         rope_freq_base=kw["rope_freq_base"],
         spm_infill=kw["spm_infill"],
@@ -459,7 +461,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         pooling="rank" if kw["reranking"] else kw["pooling"],
         embd_normalize=kw["embd_normalize"],
         sampling=sampling,
-        verbose=kw["verbose"],
+        verbose=kw["verbose"] or kw["verbosity"] > 9,  # llama-server: __verbose above verbosity 9
         lora=lora_from_flags(kw["lora"], kw["lora_scaled"], kw["lora_init_without_apply"]),
         speculative=build_spec_config(kw),
     )

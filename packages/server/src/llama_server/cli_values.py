@@ -77,12 +77,13 @@ def override_kv(entries: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
 
 
 def reasoning_mode(value: str, budget: int) -> str:
-    """`-rea on|off|auto` (llama.cpp's truthy and falsy spellings too); a budget of 0 means off."""
+    """`-rea on|off|auto` (llama.cpp's truthy and falsy spellings too). A budget of 0 no longer turns
+    thinking off: as llama.cpp now does, the block opens and is closed at once (reasoning_budget.py)."""
     v = value.strip().lower()
     mode = "on" if v in _TRUE else "off" if v in _FALSE else "auto" if v == "auto" else None
     if mode is None:
         raise click.UsageError(f"error: unknown value for --reasoning: '{value}'")
-    return "off" if budget == 0 else mode
+    return mode
 
 
 def unescape(s: str) -> str:

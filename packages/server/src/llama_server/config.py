@@ -83,7 +83,8 @@ class ServerConfig:
     override_kv: tuple[tuple[str, object], ...] = ()  # --override-kv KEY=TYPE:VALUE, parsed
     rope_freq_base: float | None = None  # --rope-freq-base: the model's value when None
     spm_infill: bool = False  # --spm-infill: /infill prompts in suffix-prefix-middle order
-    reasoning_budget: int = -1  # thinking tokens before the block is closed (-1: unlimited, 0: none)
+    reasoning_budget: int = -1  # thinking tokens before the block is closed (-1: unlimited, 0: at once)
+    reasoning_budget_message: str = ""  # text forced before the end tag when the budget runs out
     prefill_assistant: bool = True
     reverse_prompts: tuple[str, ...] = ()
     # embeddings

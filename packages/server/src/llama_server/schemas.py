@@ -261,6 +261,9 @@ class ChatBody(GenParams, kw_only=True):
     continue_final_message: bool | str | None = None
     logprobs: bool | None = None
     top_logprobs: NProbs | None = None
+    reasoning_budget_tokens: MinusOneUp | None = None  # llama_server.reasoning_budget
+    thinking_budget_tokens: MinusOneUp | None = None
+    reasoning_budget_message: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
 
 
 class AnthropicBody(msgspec.Struct, kw_only=True):

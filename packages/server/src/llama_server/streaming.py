@@ -37,7 +37,7 @@ from litestar import Request, Response
 from litestar.response import Stream
 from llama_tools.auth import key_scope
 
-from llama_engine import FinalEvent, GenerationRequest, StopReason, TokenEvent
+from llama_engine import FinalEvent, GenerationRequest, ProgressEvent, StopReason, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
 from .bridge import Event, Run, Wakeup, resolve, until_disconnect
@@ -92,6 +92,10 @@ class Formatter:
 
     def final(self, index: int, ev: FinalEvent) -> Iterable[msgspec.Struct]:
         raise NotImplementedError
+
+    def progress(self, index: int, ev: ProgressEvent) -> Iterable[msgspec.Struct]:
+        """Events for a prompt-progress update (`return_progress`); none in APIs without them."""
+        return ()
 
     def closing(self) -> Iterable[msgspec.Struct]:
         """Events after every choice's final ones."""
@@ -201,6 +205,8 @@ class _Collector:
         self.drained: str | None = None
 
     def add(self, index: int, ev: Event) -> None:
+        if isinstance(ev, ProgressEvent):  # a stream's events only
+            return
         self.choices[index].add(ev, self.fmt.probs(ev) if isinstance(ev, TokenEvent) else None)
         if isinstance(ev, FinalEvent):
             self.remaining -= 1
@@ -284,6 +290,8 @@ class Outbox(_Sender):
         try:
             if isinstance(ev, TokenEvent):
                 self._write(self.fmt.token(index, ev))
+            elif isinstance(ev, ProgressEvent):
+                self._write(self.fmt.progress(index, ev))
             elif ev.reason == StopReason.ERROR:
                 self.end(self.fmt.error(ErrorObject(500, ev.error or "generation failed", "server_error")))
             else:

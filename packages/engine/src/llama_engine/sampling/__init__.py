@@ -22,6 +22,7 @@ from .params import (
     TriggerType,
     parse_samplers,
 )
+from .reasoning_budget import ReasoningBudget, ReasoningBudgetParams
 from .rng import LLAMA_DEFAULT_SEED
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "SAMPLER_NAMES",
     "DryVocab",
     "GrammarTrigger",
+    "ReasoningBudget",
+    "ReasoningBudgetParams",
     "Sampler",
     "SamplingParams",
     "TokenProbs",

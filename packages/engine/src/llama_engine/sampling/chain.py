@@ -10,7 +10,7 @@ only ``temp`` and the mirostat sampler. Disabled samplers are left out, as llama
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -21,6 +21,7 @@ from ..grammar.matcher import GrammarMatcher
 from . import samplers as s
 from .dry import DryVocab
 from .params import SamplingParams
+from .reasoning_budget import ReasoningBudget
 from .sorting import top_positions
 
 __all__ = ["Sampler", "TokenProbs", "warmup"]
@@ -58,6 +59,7 @@ class Sampler:
         suppress_tokens: Sequence[int] = (),
         n_ctx: int = 0,
         grammar: GrammarMatcher | None = None,
+        complete: Callable[[int], bool] | None = None,
     ) -> None:
         params.validate()
         if n_vocab <= 0:
@@ -71,6 +73,9 @@ class Sampler:
         self._one = np.empty(1, dtype=np.int32)
         self.grammar = grammar
         self._usable = _not_banned(params, n_vocab, eog_tokens, suppress_tokens) if grammar else None
+        rb = params.reasoning_budget
+        # `complete(token)`: the token's piece ends on a whole UTF-8 character (the budget never cuts one)
+        self.budget = ReasoningBudget(rb, complete or _always) if rb is not None else None
 
     @property
     def seed(self) -> int:
@@ -99,6 +104,8 @@ class Sampler:
         c = self._cand
         np.copyto(c.ids, self._arange)
         np.copyto(c.logits, logits, casting="same_kind")
+        if self.budget is not None:  # applied first, as common_sampler_sample
+            self.budget.mask(c.logits)
         if allowed is not None:  # llama_grammar_apply_impl: rejected candidates get -inf
             np.copyto(c.logits, np.float32(-np.inf), where=~allowed)
         c.n, c.is_sorted, c.selected, c.identity = self.n_vocab, False, -1, True
@@ -144,6 +151,8 @@ class Sampler:
         Raises GrammarError when the grammar cannot take the token."""
         if self.grammar is not None:
             self.grammar.accept(token)
+        if self.budget is not None:
+            self.budget.accept(token)
         self._one[0] = token
         for smpl in self._stateful:
             smpl.accept(self._one)
@@ -163,6 +172,10 @@ class Sampler:
             smpl.reset()
         if self.grammar is not None:
             self.grammar.reset()
+
+
+def _always(token: int) -> bool:
+    return True
 
 
 def _build_chain(

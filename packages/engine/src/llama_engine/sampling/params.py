@@ -12,6 +12,7 @@ import math
 import msgspec
 
 from ..grammar.triggers import GrammarTrigger, TriggerPatterns, TriggerType, trigger_patterns
+from .reasoning_budget import ReasoningBudgetParams
 from .rng import LLAMA_DEFAULT_SEED
 
 __all__ = [
@@ -98,6 +99,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     grammar_triggers: tuple[GrammarTrigger, ...] = ()  # words, patterns, pattern_full, token ids
     preserved_tokens: tuple[int, ...] = ()  # special tokens whose text is output (not hidden)
     grammar_prefill: tuple[int, ...] = ()  # tokens fed to the grammar first (e.g. a generation prompt)
+    reasoning_budget: ReasoningBudgetParams | None = None  # a token budget for the thinking block
 
     def validate(self) -> SamplingParams:
         """Return self, or raise ValueError naming the first invalid field."""
@@ -132,6 +134,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             if name not in SAMPLER_NAMES:
                 raise ValueError(f"samplers: unknown sampler {name!r} (known: {', '.join(SAMPLER_NAMES)})")
         self._validate_grammar()
+        if self.reasoning_budget is not None:
+            self.reasoning_budget.validate()
         for entry in self.logit_bias:
             if len(entry) != 2:
                 raise ValueError(f"logit_bias entries must be (token, bias) pairs, got {entry!r}")

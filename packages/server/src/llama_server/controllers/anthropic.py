@@ -128,6 +128,9 @@ def to_chat(body: AnthropicBody) -> ChatBody:
         "tool_choice": choice,
         "chat_template_kwargs": body.chat_template_kwargs,
     }
+    thinking = body.thinking or {}
+    if thinking.get("type") == "enabled":  # llama-server: the budget of the thinking block
+        chat["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
     try:
         return msgspec.convert({k: v for k, v in chat.items() if v is not None}, ChatBody)
     except msgspec.ValidationError as e:

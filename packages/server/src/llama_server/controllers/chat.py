@@ -12,8 +12,10 @@ from llama_engine import GenerationRequest
 from ..chat_prompt import render_chat
 from ..errors import ApiError
 from ..formats import ChatFormatter, Parsing
+from ..formats.verbose import verbose_for
 from ..generation import completion_id
 from ..params import build_requests
+from ..reasoning_budget import budget_params, with_budget
 from ..schemas import ChatBody
 from ..state import ServerState
 from ..streaming import respond
@@ -40,6 +42,8 @@ async def prepare_chat(request: Request, server: ServerState, body: ChatBody) ->
     """Render and tokenize the prompt, build one engine request per choice (shared by every chat API)."""
     prompt = await unless_disconnected(request, render_chat(server, body))
     reqs = await unless_disconnected(request, build_requests(server, body, [prompt.tokens], _n_probs(body)))
+    budget = budget_params(body, server.config, server.require_engine().tokenizer, prompt)
+    reqs = with_budget(reqs, budget)
     fmt = body.reasoning_format or server.config.reasoning_format
     if fmt not in _REASONING_FORMATS:
         raise ApiError(f"Unknown reasoning format: {fmt}", "server_error")
@@ -54,8 +58,9 @@ class ChatController(Controller):
     @post(["/v1/chat/completions", "/chat/completions"], status_code=200)
     async def chat(self, request: Request, server: SharedState, data: JSONBody[ChatBody]) -> Response:
         job = await prepare_chat(request, server, data)
+        tok = server.require_engine().tokenizer
         fmt = ChatFormatter(
-            server.require_engine().tokenizer,
+            tok,
             job.parsing,
             len(job.reqs),
             id=completion_id(),
@@ -64,6 +69,7 @@ class ChatController(Controller):
             n_probs=_n_probs(data),
             post=bool(data.post_sampling_probs),
             include_usage=bool(data.stream_options and data.stream_options.include_usage),
+            verbose=verbose_for(data, server.config, tok, job.reqs, server.model_name, _n_probs(data)),
         )
         return await respond(request, server, job.reqs, fmt, data)
 

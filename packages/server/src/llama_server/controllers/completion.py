@@ -11,6 +11,7 @@ from llama_engine.tokenizer import Tokenizer
 
 from ..errors import ApiError
 from ..formats import CompletionsFormatter, NativeFormatter
+from ..formats.verbose import verbose_for
 from ..generation import completion_id
 from ..params import build_requests
 from ..prompts import check_text_size, encode, tokenize_mixed, tokenize_request
@@ -104,6 +105,7 @@ class CompletionController(Controller):
             model=server.model_name,
             n_probs=_n_probs(data),
             post=bool(data.post_sampling_probs),
+            verbose=verbose_for(data, server.config, tok, reqs, server.model_name, _n_probs(data)),
         )
         return await respond(request, server, reqs, fmt, data)
 

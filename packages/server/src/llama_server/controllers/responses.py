@@ -37,6 +37,10 @@ _PASSED_THROUGH = (
     "grammar",
     "json_schema",
     "response_format",
+    "return_progress",
+    "timings_per_token",
+    "cache_prompt",
+    "id_slot",
 )
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from msgspec import UNSET, Struct, UnsetType
+from msgspec import UNSET, Struct, UnsetType, field
 from msgspec.structs import replace
 
-from llama_engine import FinalEvent, TokenEvent
+from llama_engine import FinalEvent, ProgressEvent, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
 from ..chat_parser import ChatParser, Diff, Parsed, ParsedStream
@@ -23,6 +23,9 @@ from ..generation import (
 from ..sse import DONE
 from ..state import BUILD_INFO
 from ..streaming import Formatter
+from .native import NativeResult
+from .progress import PromptProgress, progress_out
+from .verbose import Verbose
 
 __all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatFormatter", "Parsing"]
 
@@ -87,6 +90,7 @@ class ChatCompletion(Struct, gc=False):
     usage: ApiUsage
     id: str
     timings: ApiTimings
+    verbose: NativeResult | UnsetType = field(default=UNSET, name="__verbose")
 
 
 class ChatDelta(Struct, gc=False):
@@ -114,6 +118,8 @@ class ChatCompletionChunk(Struct, gc=False):
     object: str = "chat.completion.chunk"
     usage: ApiUsage | UnsetType = UNSET
     timings: ApiTimings | UnsetType = UNSET
+    verbose: NativeResult | UnsetType = field(default=UNSET, name="__verbose")
+    prompt_progress: PromptProgress | UnsetType = UNSET  # a return_progress update
 
 
 def _delta(d: Diff) -> ChatDelta:
@@ -150,8 +156,10 @@ class ChatFormatter(Formatter):
         n_probs: int,
         post: bool,
         include_usage: bool,
+        verbose: Verbose | None = None,
     ) -> None:
         super().__init__(tok, n_probs, post)
+        self.verbose = verbose
         self.parsing = parsing
         self.streams = [parsing.stream() for _ in range(n)]
         self.started = [False] * n
@@ -166,7 +174,15 @@ class ChatFormatter(Formatter):
         self.started[i] = True
         return [replace(self.head, choices=[ChunkChoice(None, i, ChatDelta(role="assistant", content=None))])]
 
+    def progress(self, index: int, ev: ProgressEvent) -> list[ChatCompletionChunk]:
+        # as llama-server: every update is a role chunk; the first token still sends its own
+        choice = ChunkChoice(None, index, ChatDelta(role="assistant", content=None))
+        tm = timings_out(ev.timings) if ev.timings is not None else UNSET
+        return [replace(self.head, choices=[choice], timings=tm, prompt_progress=progress_out(ev))]
+
     def token(self, index: int, ev: TokenEvent) -> list[ChatCompletionChunk]:
+        if self.verbose is not None:  # its native result counts tokens and new lines
+            self.verbose.chunk(index, ev)
         out = self._start(index)
         d = self.streams[index].feed(ev.text, final=False)
         probs = self.probs(ev)
@@ -181,12 +197,13 @@ class ChatFormatter(Formatter):
     def final(self, index: int, ev: FinalEvent) -> list[ChatCompletionChunk]:
         out = self._start(index)
         d = self.streams[index].feed(ev.text, final=True)
-        if d:
-            out.append(replace(self.head, choices=[ChunkChoice(None, index, _delta(d))]))
+        ending = [replace(self.head, choices=[ChunkChoice(None, index, _delta(d))])] if d else []
         self.finals.append(ev)
         last = ChunkChoice(finish_reason(ev, bool(d.parsed.tool_calls)), index, ChatDelta())
-        out.append(replace(self.head, choices=[last], timings=timings_out(ev.timings)))
-        return out
+        ending.append(replace(self.head, choices=[last], timings=timings_out(ev.timings)))
+        if self.verbose is not None:  # as llama-server: on the first chunk of the final result
+            ending[0].verbose = self.verbose.final(index, ev)
+        return out + ending
 
     def closing(self) -> list[ChatCompletionChunk]:
         if not self.include_usage:
@@ -205,7 +222,7 @@ class ChatFormatter(Formatter):
             out.append(choice)
         finals = [c.final for c in choices if c.final is not None]
         usage = usage_of(finals, one_prompt=True)
-        return ChatCompletion(
+        body = ChatCompletion(
             out,
             self.created,
             self.model,
@@ -215,3 +232,6 @@ class ChatFormatter(Formatter):
             self.id,
             timings_out(finals[0].timings),
         )
+        if self.verbose is not None:
+            body.verbose = self.verbose.result(choices[0])
+        return body

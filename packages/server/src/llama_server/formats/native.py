@@ -7,11 +7,12 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from llama_engine import FinalEvent, GenerationRequest, StopReason, TokenEvent
+from llama_engine import FinalEvent, GenerationRequest, ProgressEvent, StopReason, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
 from ..generation import ApiTimings, Choice, Probs, stop_type, timings_out
 from ..streaming import Formatter
+from .progress import PromptProgress, progress_out
 
 __all__ = ["NativeChunk", "NativeFormatter", "NativeResult"]
 
@@ -27,6 +28,7 @@ class NativeChunk(Struct, gc=False):
     tokens_predicted: int
     tokens_evaluated: int
     timings: ApiTimings | UnsetType = UNSET  # with timings_per_token
+    prompt_progress: PromptProgress | UnsetType = UNSET  # a return_progress update
     completion_probabilities: list[Probs] | UnsetType = UNSET
 
 
@@ -90,18 +92,30 @@ class NativeFormatter(Formatter):
             chunk.completion_probabilities = [probs]
         return [chunk]
 
+    def progress(self, index: int, ev: ProgressEvent) -> list[NativeChunk]:
+        chunk = self._chunk(index, "", [])
+        if ev.timings is not None:
+            chunk.timings = timings_out(ev.timings)
+        chunk.prompt_progress = progress_out(ev)
+        return [chunk]
+
     def final(self, index: int, ev: FinalEvent) -> list[Struct]:
         out: list[Struct] = [self._chunk(index, ev.text, [])] if ev.text else []
-        out.append(self._result(index, ev, "", [], self.newline[index], UNSET))
+        out.append(self.streamed_result(index, ev))
         return out
 
+    def streamed_result(self, index: int, ev: FinalEvent) -> NativeResult:
+        """A stream's last event: the final result without content or tokens (they were streamed)."""
+        return self._result(index, ev, "", [], self.newline[index], UNSET)
+
     def result(self, choices: list[Choice]) -> Any:
-        results: list[Any] = [self._full(c) for c in choices]
+        results: list[Any] = [self.full_result(c) for c in choices]
         if self.fields:
             results = [_select(msgspec.to_builtins(r), self.fields) for r in results]
         return results[0] if len(results) == 1 else results
 
-    def _full(self, c: Choice) -> NativeResult:
+    def full_result(self, c: Choice) -> NativeResult:
+        """The non-streamed result of one choice."""
         f = c.final
         assert f is not None
         probs: list[Probs] | UnsetType = UNSET

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from llama_engine import FinalEvent, TokenEvent
+from llama_engine import FinalEvent, ProgressEvent, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
 from ..chat_parser import Diff, Parsed, ToolCall
@@ -13,6 +13,7 @@ from ..controllers._common import now
 from ..generation import Choice, random_id
 from ..streaming import Formatter
 from .chat import Parsing
+from .progress import PromptProgress, progress_out
 
 __all__ = ["Response", "ResponsesFormatter"]
 
@@ -119,6 +120,7 @@ class Created(_Event, tag="response.created"):
 
 class InProgress(_Event, tag="response.in_progress"):
     response: ResponseHead
+    prompt_progress: PromptProgress | UnsetType = UNSET  # a return_progress update
 
 
 class ItemAdded(_Event, tag="response.output_item.added"):
@@ -201,6 +203,9 @@ class ResponsesFormatter(Formatter):
     def opening(self) -> list[Struct]:
         head = ResponseHead(self.id, "response", "in_progress")
         return [Created(head), InProgress(head)]
+
+    def progress(self, index: int, ev: ProgressEvent) -> list[Struct]:
+        return [InProgress(ResponseHead(self.id, "response", "in_progress"), progress_out(ev))]
 
     def token(self, index: int, ev: TokenEvent) -> list[Struct]:
         return self._emit(self.stream.feed(ev.text, final=False))
