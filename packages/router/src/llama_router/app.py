@@ -1,6 +1,6 @@
 """`create_app(config)`: the router. Proxied routes go straight to `Proxy` (plain ASGI, streamed); the
-router's own routes (health, props, the model list and its management, SSE, streams) are a Litestar app.
-Around both: the edge (CORS, API key)."""
+router's own routes (health, props, the model list and its management, SSE, streams, the web UI at `/`)
+are a Litestar app. Around both: the edge (CORS, API key; the web UI's files stay public)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -18,6 +19,9 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.response import Stream
 from llama_tools import ToolsService, tools_route_handlers
+from llama_tools.webui import webui_routes
+
+import llama_webui
 
 from . import __version__
 from .config import RouterConfig
@@ -216,6 +220,14 @@ class _Dispatch:
         await self.app(scope, receive, send)
 
 
+def _webui(config: RouterConfig) -> tuple[list[Any], frozenset[str]]:
+    """The web UI as llama-server serves it (`llama_webui`'s files, `--path DIR`, or none with
+    `--no-webui`), and the URL paths of its files (public even with an API key)."""
+    if not config.webui:
+        return webui_routes(None)
+    return webui_routes(Path(config.static_path) if config.static_path else llama_webui.static_dir())
+
+
 def create_app(config: RouterConfig) -> Any:
     """The router's ASGI app. Its lifespan starts the `load-on-startup` models and, on shutdown, stops
     every child (waiting for their exit)."""
@@ -227,6 +239,7 @@ def create_app(config: RouterConfig) -> Any:
     convs = ConversationMap()
     proxy.conversations = convs
     tools = ToolsService(config.tools)  # /tools (built-ins, MCP children) and /cors-proxy, as llama-server
+    ui_routes, ui_files = _webui(config)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -243,7 +256,7 @@ def create_app(config: RouterConfig) -> Any:
     app = Litestar(
         route_handlers=[
             health, props, list_models, load_model, unload_model, models_sse, download_model, delete_model,
-            *stream_routes(), *tools_route_handlers(tools),
+            *stream_routes(), *tools_route_handlers(tools), *ui_routes,
         ],
         lifespan=[lifespan, tools.lifespan],
         exception_handlers={LoadError: _load_error, NotFoundException: _not_found, HTTPException: _http_error},
@@ -255,4 +268,4 @@ def create_app(config: RouterConfig) -> Any:
     app.state.client = client
     app.state.conversations = convs
     app.state.downloads = Downloads(manager)
-    return Edge(_Dispatch(app, proxy), config)
+    return Edge(_Dispatch(app, proxy), config, ui_files)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import mimetypes
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Request, Response
 from litestar.di import Provide
 from litestar.exceptions import (
     HTTPException,
@@ -24,10 +23,9 @@ from litestar.exceptions import (
     SerializationException,
     ValidationException,
 )
-from litestar.response import File
-from litestar.static_files import create_static_files_router
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from llama_tools import ToolsService, tools_route_handlers
+from llama_tools.webui import webui_routes
 
 import llama_webui
 
@@ -107,54 +105,13 @@ def _internal_error(_: Request, exc: Exception) -> Response:
     )
 
 
-# A service worker that removes itself: a browser that once registered one for this address drops it and
-# reloads its pages from the network (llama.cpp answers `/sw.js` with one when the web UI is off).
-_UNREGISTER_SW = """self.addEventListener("install", () => self.skipWaiting());
-self.addEventListener("activate", (event) => {
-  event.waitUntil(
-    self.registration
-      .unregister()
-      .then(() => self.clients.matchAll())
-      .then((clients) => clients.forEach((client) => client.navigate(client.url))),
-  );
-});
-"""
-
-
-@get("/sw.js", include_in_schema=False, sync_to_thread=False)
-def _unregister_service_worker() -> Response:
-    return Response(_UNREGISTER_SW, media_type="application/javascript; charset=utf-8")
-
-
-def _file_route(path: str, file: Path) -> Any:
-    media_type = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
-
-    @get(path, name=f"webui:{path}", include_in_schema=False, sync_to_thread=False)
-    def serve() -> File:
-        return File(file, filename=file.name, media_type=media_type, content_disposition_type="inline")
-
-    return serve
-
-
 def _webui(config: ServerConfig) -> tuple[list[Any], frozenset[str]]:
-    """The route handlers of the web UI (`llama_webui`'s files, or `--path DIR`) and the URL paths of its
-    files, which stay public with an API key and are served while the model loads.
-
-    One route per top-level file and one static-files router per top-level folder (`/_app`), not a
-    catch-all at `/`: an unknown path keeps answering 404 for every method."""
+    """The route handlers of the web UI (`llama_webui`'s files, or `--path DIR`; llama_tools' `webui_routes`,
+    which llama-router serves too) and the URL paths of its files, which stay public with an API key and are
+    served while the model loads."""
     if not config.webui:
-        return [_unregister_service_worker], frozenset({"/sw.js"})
-    root = Path(config.static_path) if config.static_path else llama_webui.static_dir()
-    files = frozenset("/" + p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    routes: list[Any] = []
-    for entry in sorted(root.iterdir()):
-        if entry.is_dir():
-            routes.append(create_static_files_router(f"/{entry.name}", [entry], name=f"webui:{entry.name}"))
-        elif entry.is_file():
-            routes.append(_file_route(f"/{entry.name}", entry))
-    if (root / "index.html").is_file():
-        routes.append(_file_route("/", root / "index.html"))
-    return routes, files
+        return webui_routes(None)
+    return webui_routes(Path(config.static_path) if config.static_path else llama_webui.static_dir())
 
 
 def create_app(state: ServerState | ServerConfig) -> Litestar:
