@@ -36,7 +36,13 @@ from llama_quant.kernels import SUPPORTED_TYPES, ExactMatrix
 _F16_FIELDS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
     T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.TQ1_0: (52,), T.TQ2_0: (64,), T.IQ1_S: (0,), T.IQ2_XXS: (0,),
+    T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,),
 }  # fmt: skip
+# MXFP4's e8m0 exponent and IQ1_M's scale nibbles: random bytes there are valid (speed does not depend on them)
+_IQ_TYPES = {T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.TQ1_0, T.TQ2_0, T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S}
+_IQ_TYPES |= {T.IQ3_XXS, T.IQ3_S}
+IQ_SHAPES = [(576, 1536), (640, 2048), (4096, 4096)]  # the i-quants: a few shapes, the bench stays short
 
 REAL_SHAPES = {  # (rows, cols) the engine runs: SmolLM2-135M, then Gemma 3 270M
     "smollm2": [(576, 576), (1536, 576), (576, 1536), (49152, 576)],
@@ -58,7 +64,7 @@ def random_raw(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.n
         return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     nb = rows * cols // block
     raw = rng.integers(0, 256, (nb, block_bytes), dtype=np.uint8)
-    for off in _F16_FIELDS[qtype]:
+    for off in _F16_FIELDS.get(qtype, ()):
         raw[:, off : off + 2] = (
             (rng.random(nb) * 0.01 + 0.001).astype(np.float16).view(np.uint8).reshape(nb, 2)
         )
@@ -190,6 +196,8 @@ def bench_matvec(types: list[T], kernel_sets: list[KernelSet], repeat: int, ggml
     for qtype in types:
         shapes = [(s, "warm") for m in REAL_SHAPES.values() for s in m]
         shapes += [(s, "warm") for s in LARGE_SHAPES] + [(s, "cold") for s in LARGE_SHAPES]
+        if qtype in _IQ_TYPES:
+            shapes = [(s, "warm") for s in IQ_SHAPES]
         for (rows, cols), mem in shapes:
             if cols % GGML_QUANT_SIZES[qtype][0]:
                 continue

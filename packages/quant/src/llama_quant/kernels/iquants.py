@@ -64,7 +64,8 @@ def _decoded_tiles(qtype: T, raw: np.ndarray, rows: int, cols: int) -> dict[str,
         if "delta" in dec:  # IQ1: 8 * grid + delta (see module doc)
             q = 8 * q + np.repeat(dec["delta"], 8, axis=-1)
         sc = dec.get("sc", np.ones((m, cols // 256, 16), np.int64))
-        d = dec["d"] * np.float32(GRID_KINDS.get(qtype, 1.0))
+        with np.errstate(invalid="ignore"):  # a nan scale stays nan
+            d = dec["d"] * np.float32(GRID_KINDS.get(qtype, 1.0))
         parts["q"].append(row_minor(tile_rows(q.reshape(m, cols).astype(np.int8), m)))
         parts["sc"].append(row_minor(tile_rows(sc.reshape(m, -1).astype(np.int8), m)))
         parts["d"].append(row_minor(tile_rows(d.astype(np.float32), m)))

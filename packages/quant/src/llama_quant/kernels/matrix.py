@@ -300,7 +300,8 @@ class ExactMatrix:
     ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy view
     of the GGUF mmap is fine). It is repacked at construction into tiles of 64 rows and not referenced
     afterwards (Q4_*, Q5_*, Q8_0 and Q4_K keep about the raw size; Q5_0 stacked with Q8_0, or portable, is
-    widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, F16/BF16 to f32).
+    widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, F16/BF16 to f32;
+    IQ4_NL and MXFP4 widen to Q8_0, IQ4_XS, TQ1_0, TQ2_0 and the grid i-quants to int8 values).
 
     ``kernels`` is the kernel set whose layouts and kernels the matrix takes (``llama_quant.cpu``); None:
     ``resolve_kernel_set(None)`` (``LLAMA_KERNELS``, else the host's best). A set the host cannot run raises
