@@ -105,3 +105,19 @@ def test_mxfp4_scales_fp16_cannot_hold_stay_exact() -> None:
         ref.matmul(want, raw, T.MXFP4, rows, cols, x)
     for kernels in KERNEL_SETS:
         assert _same(ExactMatrix(raw, T.MXFP4, rows, cols, kernels).matmul(x), want)
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [[T.IQ4_NL, T.Q8_0], [T.IQ4_NL, T.Q5_0, T.Q8_0], [T.IQ4_XS, T.IQ4_XS]],
+    ids=lambda p: "+".join(t.name for t in p),
+)
+def test_stacked_rows_equal_each_matrix(parts: list[T]) -> None:
+    """IQ4_NL rows stack with Q5_0 and Q8_0 ones (all widened to Q8_0): each part's own numbers."""
+    cols = 512
+    raws = [(iq_weights(q, 64 + 8 * i, cols, seed=2 * i), q, 64 + 8 * i) for i, q in enumerate(parts)]
+    m = ExactMatrix.stacked(raws, cols)
+    assert m is not None
+    x = make_acts("normal", 3, cols)
+    want = np.concatenate([ExactMatrix(r, q, n, cols).matmul(x) for r, q, n in raws], axis=1)
+    assert _same(m.matmul(x), want)

@@ -280,7 +280,8 @@ def _specs(ks: KernelSet) -> dict[T, _Spec]:
 _SPECS: dict[KernelSet, dict[T, _Spec]] = {ks: _specs(ks) for ks in KernelSet}
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS[KernelSet.PORTABLE])
-_WIDENS_TO = {T.Q5_0: T.Q8_0}  # types whose rows convert exactly to another type's (to stack with them)
+# types whose rows convert exactly to another type's (to stack with them): ``_AS_Q8_0``'s
+_WIDENS_TO = {T.Q5_0: T.Q8_0, T.IQ4_NL: T.Q8_0}
 
 
 def _raw_bytes(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
@@ -336,8 +337,8 @@ class ExactMatrix:
     ) -> ExactMatrix | None:
         """One matrix holding the rows of ``parts`` (``(raw, qtype, rows)`` each, ``cols`` columns) in order:
         one kernel launch instead of several, with the same numbers (each output is its own row's product).
-        Parts stack when they have one type, or are Q5_0 and Q8_0 (the Q5_0 rows widened to Q8_0,
-        ``blocks32.q5_0_as_q8_0``); otherwise None."""
+        Parts stack when they have one type, or are Q5_0, IQ4_NL and Q8_0 (the Q5_0 and IQ4_NL rows widened
+        to Q8_0, ``blocks32.q5_0_as_q8_0``, ``iquants.iq4_nl_as_q8_0``); otherwise None."""
         kinds = {T(q) for _, q, _ in parts}
         if len(kinds) > 1:
             kinds = {_WIDENS_TO.get(q, q) for q in kinds}
@@ -347,8 +348,8 @@ class ExactMatrix:
         flats = []
         for raw, q, rows in parts:
             flat = _raw_bytes(raw, T(q), rows, cols)
-            if T(q) != qtype:  # Q5_0 among Q8_0 parts
-                flat = blocks32.q5_0_as_q8_0(flat, rows, cols).reshape(-1)
+            if T(q) != qtype:  # Q5_0 or IQ4_NL among Q8_0 parts
+                flat = _AS_Q8_0[T(q).name](flat, rows, cols).reshape(-1)
             flats.append(flat)
         return cls(np.concatenate(flats), qtype, sum(rows for _, _, rows in parts), cols, kernels)
 
