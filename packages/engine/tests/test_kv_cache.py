@@ -102,5 +102,5 @@ def test_cache_types_f16_default_f32_and_unsupported() -> None:
     with np.errstate(over="ignore"):  # 65520 rounds up to f16's infinity, as in ggml
         kv.pools[0].k[0][0] = x
     assert kv.pools[0].k[0][0].tolist() == [1.0, 1.0 + 2**-9, float("inf"), -0.0]
-    with pytest.raises(ValueError, match=r"'q8_0'.*supported are f16, f32"):
-        KVCache(8, 2, 4, type_k="q8_0")
+    with pytest.raises(ValueError, match=r"Unsupported cache type: q2_k \(allowed values: f32, f16, bf16"):
+        KVCache(8, 2, 4, type_k="q2_k")

@@ -25,6 +25,7 @@ from llama_quant.cpu import resolve_kernel_set
 from llama_quant.kernels import release_worker_threads
 
 from .arch import DecoderModel, load_model
+from .checkpoints import DEFAULT_CHECKPOINTS, CheckpointConfig
 from .grammar.matcher import check_grammar_request
 from .handles import (
     Embed,
@@ -39,6 +40,7 @@ from .handles import (
 )
 from .kv_cache import KVCacheFullError
 from .lora import LoraAdapter, load_lora
+from .prompt_cache import PromptCache
 from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .rerank import RankHead
 from .scheduler import Scheduler
@@ -116,6 +118,12 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     # LoRA adapter files (ids in this order); each request says the scale of each (GenerationRequest.lora)
     lora: tuple[str, ...] = ()
+    # context checkpoints per slot (sliding-window models; llama-server's -ctxcp and -cms)
+    checkpoints: CheckpointConfig = DEFAULT_CHECKPOINTS
+    # host-RAM prompt cache in MiB (llama-server's --cache-ram: -1 no limit, 0 off) and whether idle slots
+    # are saved into it when a request starts (--cache-idle-slots; cleared too when kv_unified)
+    cache_ram_mib: int = 0
+    cache_idle_slots: bool = False
 
 
 class Engine:
@@ -157,8 +165,13 @@ class Engine:
             config.n_batch,
             self.model.shift_k,
             self._wake,
+            config.checkpoints,
         )
         self.scheduler.rank_head = RankHead(self.model)
+        if config.cache_ram_mib != 0:
+            self.scheduler.prompt_cache = PromptCache(
+                self.kv, config.cache_ram_mib, config.cache_idle_slots, config.kv_unified
+            )
         self.loras: list[LoraAdapter] = [load_lora(p, self.model) for p in config.lora]
         self.speculator: Speculator | None = None
         spec = config.speculative
@@ -338,6 +351,7 @@ class Engine:
             self.kv.seq_import(slot, [(p.pos, p.k, p.v) for p in state.pools])
         except KVCacheFullError as e:
             raise StateFileError(str(e)) from None
+        self.scheduler.checkpoints.clear(slot)
         s.tokens = state.tokens.tolist()
         s.last_used = time.perf_counter()
 
@@ -345,6 +359,7 @@ class Engine:
         s = self.scheduler.slots[slot]
         n = len(s.tokens)
         self.kv.seq_rm(slot)
+        self.scheduler.checkpoints.clear(slot)
         s.tokens = []
         return n
 

@@ -15,25 +15,27 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .kv_types import KV_TYPES, KVType, decode_rows, encode_rows, kv_type, rotation_sizes
+from .ops.flash_attn import fwht_rows
+
 if TYPE_CHECKING:
     from .batch import Batch
 
-__all__ = ["KV_TYPES", "MAX_SEQUENCES", "CellPool", "KVCache", "KVCacheFullError", "Placement", "ShiftK"]
+__all__ = [
+    "KV_TYPES",
+    "MAX_SEQUENCES",
+    "CellPool",
+    "KVCache",
+    "KVCacheFullError",
+    "KVType",
+    "Placement",
+    "ShiftK",
+]
 
 # Re-rotates the keys of `cells` in one layer's key array by a position delta: (layer, k, cells, delta).
 ShiftK = Callable[[int, np.ndarray, np.ndarray, int], None]
 
 MAX_SEQUENCES = 64  # sequence sets are uint64 bitmasks
-
-# Cache element types (llama.cpp's --cache-type-k/-v names): f16 is llama.cpp's default and half the memory.
-KV_TYPES: dict[str, type[np.floating]] = {"f16": np.float16, "f32": np.float32}
-
-
-def kv_dtype(name: str) -> type[np.floating]:
-    """The numpy type of a cache type name; ValueError naming the supported ones otherwise."""
-    if name not in KV_TYPES:
-        raise ValueError(f"unsupported KV cache type {name!r}: supported are {', '.join(KV_TYPES)}")
-    return KV_TYPES[name]
 
 
 class KVCacheFullError(RuntimeError):
@@ -75,15 +77,25 @@ class CellPool:
         window: int | None,
         type_k: str = "f16",
         type_v: str = "f16",
+        flash_attn: bool = False,
+        head_dim: int = 0,
     ) -> None:
         self.n_cells = n_cells
         self.layers = layers
         self.window = window  # None: full attention; else a token at p sees cells with p - pos < window
-        # stores round to the cache type (f32 -> f16 to nearest even, as ggml_cpy)
-        self.k = {il: np.zeros((n_cells, kv_dim), kv_dtype(type_k)) for il in layers}
-        self.v = {il: np.zeros((n_cells, kv_dim), kv_dtype(type_v)) for il in layers}
+        # stores round to the cache type (f32 -> f16 to nearest even, as ggml_cpy; block types quantized)
+        self.kv_dim = kv_dim
+        self.type_k, self.type_v = kv_type(type_k), kv_type(type_v)
+        self.k = {il: self.type_k.zeros(n_cells, kv_dim) for il in layers}
+        self.v = {il: self.type_v.zeros(n_cells, kv_dim) for il in layers}
         # the same arrays as the attention kernels take them: an f16 layer as its uint16 bits
         self.kernel_kv = {il: (_bits(self.k[il]), _bits(self.v[il])) for il in layers}
+        # flash attention and bf16 / block-type caches run ops.attend_typed, which stores through `store`
+        self.typed_attention = flash_attn or not (self.type_k.float_array and self.type_v.float_array)
+        # block-type caches hold Walsh-Hadamard-rotated rows (kv_types.rotation_sizes), as llama.cpp's
+        self.rot_k, self.rot_v = rotation_sizes(type_k, type_v, head_dim)
+        self.attention_kinds = (self.type_k.code, self.type_v.code, flash_attn, self.rot_k, self.rot_v)
+        self._stores: dict[int, Callable[[np.ndarray, np.ndarray, np.ndarray], None]] = {}
         self.pos = np.full(n_cells, -1, np.int32)
         self.seqs = np.zeros(n_cells, np.uint64)
         self._free = list(range(n_cells - 1, -1, -1))  # a stack: lowest index allocated first
@@ -94,6 +106,19 @@ class CellPool:
     @property
     def n_free(self) -> int:
         return len(self._free)
+
+    def store(self, layer: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+        """A function storing float32 key and value rows [m, kv_dim] of `layer` into cells [m] (encoded)."""
+        if layer in self._stores:
+            return self._stores[layer]
+        k, v = self.k[layer], self.v[layer]
+
+        def put(cells: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
+            k[cells] = encode_rows(self.type_k, k_rows)
+            v[cells] = encode_rows(self.type_v, v_rows)
+
+        self._stores[layer] = put
+        return put
 
     def seq_cells(self, seq: int) -> np.ndarray:
         """The cells of `seq`, sorted by position."""
@@ -202,7 +227,16 @@ class CellPool:
         if int(self.pos[hit].min()) + delta < 0:
             raise ValueError(f"shifting sequence {seq} by {delta} would make positions negative")
         for il in self.layers:
-            shift_k(il, self.k[il], hit, delta)
+            if self.type_k.float_array:
+                shift_k(il, self.k[il], hit, delta)
+            else:  # as llama.cpp's K shift of a quantized cache: to f32, rotate, store back
+                rows = decode_rows(self.type_k, self.k[il][hit], self.kv_dim)
+                if self.rot_k:  # rotate back, shift, rotate forward (the rotation is its own inverse)
+                    fwht_rows(rows, len(rows), 0, self.kv_dim, self.rot_k)
+                shift_k(il, rows, np.arange(len(hit), dtype=np.int32), delta)
+                if self.rot_k:
+                    fwht_rows(rows, len(rows), 0, self.kv_dim, self.rot_k)
+                self.k[il][hit] = encode_rows(self.type_k, rows)
         self.pos[hit] += delta
         self._seq_cells[seq] = cells[np.argsort(self.pos[cells], kind="stable")]
 
@@ -293,21 +327,26 @@ class KVCache:
         swa_full: bool = False,
         type_k: str = "f16",
         type_v: str = "f16",
+        flash_attn: bool = False,
+        head_dim: int = 0,
     ) -> None:
         if n_seq_max > MAX_SEQUENCES:
             raise ValueError(f"at most {MAX_SEQUENCES} sequences share one KV cache, asked for {n_seq_max}")
         self.n_ctx = n_ctx
         self.type_k, self.type_v = type_k, type_v
+        self.flash_attn = flash_attn
         full_layers = [il for il in range(n_layer) if il not in swa_layers]
         self.pools: list[CellPool] = []
         self._pool_of: dict[int, CellPool] = {}
         self._pool_index: dict[int, int] = {}
         if full_layers:
-            self._add_pool(CellPool(n_ctx, full_layers, kv_dim, None, type_k, type_v))
+            self._add_pool(CellPool(n_ctx, full_layers, kv_dim, None, type_k, type_v, flash_attn, head_dim))
         if swa_layers:
             assert window is not None and window > 0
             size = n_ctx if swa_full else min(n_ctx, n_seq_max * window + n_ubatch)
-            self._add_pool(CellPool(size, sorted(swa_layers), kv_dim, window, type_k, type_v))
+            self._add_pool(
+                CellPool(size, sorted(swa_layers), kv_dim, window, type_k, type_v, flash_attn, head_dim)
+            )
 
     def _add_pool(self, pool: CellPool) -> None:
         self.pools.append(pool)

@@ -47,6 +47,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams = SamplingParams()
     stop: list[str] = []
     cache_prompt: bool = True  # reuse a cached prefix (this slot's or another's)
+    n_cache_reuse: int = 0  # also shift cached runs of at least this many tokens into place (0: off)
     slot: int = -1  # -1: the scheduler picks
     n_keep: int = 0  # tokens kept at the start when the context shifts
     context_shift: bool = False  # shift (drop half after n_keep) instead of stopping when the context is full

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .cache_reuse import can_reuse_chunks, reuse_chunks
+from .checkpoints import DEFAULT_CHECKPOINTS, CheckpointConfig, Checkpoints
 from .embedding import EmbeddingJob
 from .grammar import GrammarError, GrammarStopError
 from .grammar.matcher import GrammarMatcher, request_matcher
@@ -40,6 +42,7 @@ from .tokenizer import Tokenizer
 from .vocab_tables import build_dry_vocab, in_background
 
 if TYPE_CHECKING:
+    from .prompt_cache import PromptCache
     from .speculative import Speculator
 
 __all__ = ["Scheduler"]
@@ -58,6 +61,7 @@ class Scheduler:
         n_batch: int,
         shift_k: Callable[[int, np.ndarray, np.ndarray, int], None],
         wake: Callable[[], None] = lambda: None,
+        checkpoints: CheckpointConfig = DEFAULT_CHECKPOINTS,
     ) -> None:
         self.kv = kv
         self.tokenizer = tokenizer
@@ -74,10 +78,12 @@ class Scheduler:
         self._grammar_vocab: Future[GrammarVocab] | None = None
         self._eog = sorted(tokenizer.eog_ids)
         self._builder = StepBuilder(n_parallel + 1, n_batch, n_ctx_slot)
+        self.checkpoints = Checkpoints(kv, checkpoints, n_batch)  # prompt states a window cannot keep
         # prompt and embedding tokens a step may add to decode tokens (the engine sizes it from measured
         # step times, so streams keep a steady pace beside a long prompt); n_batch: no bound
         self.prefill_cap = n_batch
         self.speculator: Speculator | None = None  # drafts for generating slots (speculative decoding)
+        self.prompt_cache: PromptCache | None = None  # slot caches saved to host RAM (--cache-ram)
         self.rank_head: Callable[[np.ndarray], np.ndarray] | None = None  # rank pooling's classifier
         self.step_lora: tuple[float, ...] = ()  # the adapter scales of the step `schedule` planned
 
@@ -141,6 +147,8 @@ class Scheduler:
                 msg.handle._emit(self._final(None, req, StopReason.ERROR, error=str(e)))
                 continue
             self._start(slot, msg, matcher)
+            if self.prompt_cache is not None:
+                self.prompt_cache.after_start(self.slots, self.checkpoints)
         self.waiting = still
 
     def set_dry_vocab(self, table: Future[DryVocab]) -> None:
@@ -211,14 +219,17 @@ class Scheduler:
         slot.n_generated, slot.held, slot.next_token, slot.drafts = 0, "", -1, []
         slot.n_drafted = slot.n_draft_accepted = 0
         key = lora_key(req.lora)
+        if self.prompt_cache is not None and req.cache_prompt:
+            self.prompt_cache.before_start(slot, prompt, key, self.checkpoints)
         if slot.lora != key:  # its cache was computed under other adapters: nothing in it is reusable
             self.kv.seq_rm(slot.id)
             slot.tokens, slot.lora = [], key
-        reused = self._reuse_prefix(slot, prompt) if req.cache_prompt else 0
+        reused = self._reuse_prefix(slot, prompt, req.n_cache_reuse) if req.cache_prompt else 0
         if not req.cache_prompt:
             self.kv.seq_rm(slot.id)
         slot.tokens = list(prompt[:reused])
         slot.n_cached = reused
+        self.checkpoints.keep_below(slot.id, reused)
         params = req.sampling
         vocab = self._dry_vocab.result() if params.dry_multiplier != 0 and self._dry_vocab else None
         slot.sampler = Sampler(
@@ -236,7 +247,7 @@ class Scheduler:
         if req.return_progress:  # llama.cpp's first update: nothing evaluated yet (processed == cache)
             msg.handle._emit(progress_event(slot, start=True))
 
-    def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
+    def _reuse_prefix(self, slot: Slot, prompt: list[int], n_cache_reuse: int = 0) -> int:
         own = common_prefix(slot.tokens, prompt)
         best, donor = own, None
         for other in self.slots:
@@ -249,10 +260,16 @@ class Scheduler:
             self.kv.seq_rm(slot.id)
             self.kv.seq_cp(donor.id, slot.id, 0, min(best, limit))
             slot.tokens = list(prompt[: min(best, limit)])
+            self.checkpoints.adopt(slot.id, donor.id)
         n = min(best, limit)
+        if n_cache_reuse > 0 and donor is None and self.speculator is None and can_reuse_chunks(self.kv):
+            n = min(
+                limit, reuse_chunks(self.kv, slot.id, slot.tokens, prompt, n, n_cache_reuse, self._shift_k)
+            )
         self.kv.seq_rm(slot.id, n)
         kept = self.kv.reusable_prefix(slot.id, n)
-        if kept < n:
+        if kept < n:  # a window moved past the prefix: resume from a checkpoint, if one is usable
+            kept = max(kept, self.checkpoints.restore(slot.id, n))
             self.kv.seq_rm(slot.id, kept)
         return kept
 
@@ -322,7 +339,8 @@ class Scheduler:
 
     def _schedule_prompt(self, s: Slot) -> None:
         start = len(s.tokens)
-        n = min(len(s.prompt) - start, self._builder.room)
+        n = self.checkpoints.chunk(start, min(len(s.prompt) - start, self._builder.room), len(s.prompt))
+        self.checkpoints.before_chunk(s.id, s.t_start, start, n, len(s.prompt))
         last = start + n == len(s.prompt)
         self._builder.add_chunk(
             s.id, s.prompt[start : start + n], start, n - 1 if last else 0, n if last else 0
@@ -472,6 +490,7 @@ class Scheduler:
         if idle:
             for s in idle:
                 self.kv.seq_rm(s.id)
+                self.checkpoints.clear(s.id)
                 s.tokens = []
             return
         running: list[Slot | EmbeddingJob] = [s for s in self.slots if s.state != SlotState.IDLE]

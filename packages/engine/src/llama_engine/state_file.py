@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .kv_types import kv_type
+
 __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
@@ -115,7 +117,7 @@ def write_state(path: str | os.PathLike[str], fingerprint: dict[str, Any], state
     }
     hbytes = json.dumps(header, sort_keys=True).encode()
     chunks: list[bytes | memoryview] = [hbytes, _le(state.tokens, "<i4")]
-    kt, vt = (_ELEMENT[t] for t in fingerprint["kv_type"])
+    (kt, _), (vt, _) = (_layout(t, kv_dim) for t in fingerprint["kv_type"])
     for p in state.pools:
         chunks += [_le(p.pos, "<i4"), _le(p.k, kt), _le(p.v, vt)]
     crc = 0
@@ -182,18 +184,19 @@ def read_state(
         dtype = header["dtype"]
     except (ValueError, KeyError, TypeError) as e:
         raise StateFileError(f"corrupt file: bad header ({e})") from None
+    if isinstance(their, dict) and their.get("kv_type") != fingerprint["kv_type"]:
+        theirs, ours = "/".join(map(str, their.get("kv_type") or ())), "/".join(fingerprint["kv_type"])
+        raise StateFileError(f"the file holds a {theirs} (K/V) KV cache, this server's cache is {ours}")
     if their != fingerprint:
         diff = sorted(k for k in set(their) | set(fingerprint) if their.get(k) != fingerprint.get(k))
         raise StateFileError(f"the file was saved from another model (differs in {', '.join(diff)})")
     if dtype != list(fingerprint["kv_type"]) or kv_dim != fingerprint["kv_dim"]:
         raise StateFileError("unsupported KV type or size in the file")
-    kt, vt = (_ELEMENT[t] for t in dtype)
-    kb, vb = int(kt[-1]), int(vt[-1])
+    (kt, kw), (vt, vw) = (_layout(t, kv_dim) for t in dtype)
+    kb, vb = int(kt[-1]) * kw, int(vt[-1]) * vw
     if [(layers, window) for layers, window, _ in pools_meta] != pool_layout:
         raise StateFileError("the file's KV cache layout differs from this model's")
-    expect = (
-        hlen + 4 * n_tokens + sum(4 * n + (kb + vb) * len(layers) * n * kv_dim for layers, _, n in pools_meta)
-    )
+    expect = hlen + 4 * n_tokens + sum(4 * n + (kb + vb) * len(layers) * n for layers, _, n in pools_meta)
     if n_tokens < 0 or any(n < 0 for _, _, n in pools_meta) or expect != len(body):
         raise StateFileError(f"corrupt file: {len(body)} bytes of content, the header describes {expect}")
     off = hlen
@@ -201,8 +204,8 @@ def read_state(
     pools = []
     for layers, window, n in pools_meta:
         pos, off = _take(body, off, "<i4", (n,))
-        k, off = _take(body, off, kt, (len(layers), n, kv_dim))
-        v, off = _take(body, off, vt, (len(layers), n, kv_dim))
+        k, off = _take(body, off, kt, (len(layers), n, kw))
+        v, off = _take(body, off, vt, (len(layers), n, vw))
         pools.append(PoolState(layers, window, pos, k, v))
     state = SeqState(tokens, pools)
     _check(state, fingerprint)
@@ -218,12 +221,23 @@ def _check(state: SeqState, fingerprint: dict[str, Any]) -> None:
             raise StateFileError("corrupt file: cell positions out of order or out of range")
         if p.window is None and not np.array_equal(p.pos, np.arange(n, dtype=np.int32)):
             raise StateFileError("corrupt file: the full-attention cells do not cover every token")
-        if not (np.isfinite(p.k).all() and np.isfinite(p.v).all()):
+        floats = [a for a in (p.k, p.v) if a.dtype.kind == "f"]  # ggml block bytes carry no NaN check
+        if not all(np.isfinite(a).all() for a in floats):
             raise StateFileError("corrupt file: non-finite keys or values")
 
 
-# little-endian element types of the cache types in files
+# little-endian element types of the cache types in files; the others are ggml's row bytes
 _ELEMENT = {"f32": "<f4", "f16": "<f2"}
+
+
+def _layout(name: str, kv_dim: int) -> tuple[str, int]:
+    """(element type, elements per cache row) of a cache type in a file."""
+    if name in _ELEMENT:
+        return _ELEMENT[name], kv_dim
+    try:
+        return "|u1", kv_type(name).row_bytes(kv_dim)
+    except ValueError:
+        raise StateFileError(f"unsupported KV type {name!r} in the file") from None
 
 
 def _le(a: np.ndarray, dtype: str) -> memoryview:

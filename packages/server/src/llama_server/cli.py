@@ -26,6 +26,7 @@ from llama_tools import cors_options, cors_policy_from_options, tools_config_fro
 from llama_engine import SamplingParams
 from llama_engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, parse_samplers
 
+from .cache_flags import cache_options, cache_ram, checkpoint_config
 from .cli_values import (
     api_keys,
     cache_type,
@@ -63,11 +64,7 @@ IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("-nocb", "--no-cont-batching"), False),
     (("-tb", "--threads-batch"), True),
     (("--threads-http",), True),
-    (("--cache-reuse",), True),
     (("-sps", "--slot-prompt-similarity"), True),
-    (("-cram", "--cache-ram"), True),
-    (("--cache-idle-slots",), False),
-    (("--no-cache-idle-slots",), False),
     (("-bs", "--backend-sampling", "--backend_sampling"), False),
     (("--log-colors",), True),
     (("--log-prefix",), False),
@@ -323,7 +320,7 @@ def _opts(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return spec_options(_ignored_options(tools_options(cors_options(f))))
+    return cache_options(spec_options(_ignored_options(tools_options(cors_options(f)))))
 
 
 def build_config(kw: dict[str, Any]) -> ServerConfig:
@@ -464,6 +461,9 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         verbose=kw["verbose"] or kw["verbosity"] > 9,  # llama-server: __verbose above verbosity 9
         lora=lora_from_flags(kw["lora"], kw["lora_scaled"], kw["lora_init_without_apply"]),
         speculative=build_spec_config(kw),
+        checkpoints=checkpoint_config(kw),
+        n_cache_reuse=kw["cache_reuse"],
+        cache_ram=cache_ram(kw),
     )
 
 

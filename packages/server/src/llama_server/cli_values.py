@@ -16,6 +16,7 @@ __all__ = [
     "api_keys",
     "cache_type",
     "env_bool",
+    "flash_attn_value",
     "logit_bias",
     "override_kv",
     "reasoning_mode",
@@ -35,12 +36,27 @@ def env_bool(value: str) -> bool:
 
 
 def cache_type(name: str, flag: str) -> str:
-    """llama.cpp's KV cache type names; the quantized ones have no implementation here."""
+    """llama.cpp's KV cache type names (common/arg.cpp kv_cache_types)."""
     if name not in KV_TYPES:
         raise click.BadParameter(
-            f"KV cache type {name!r} is not supported: use {' or '.join(KV_TYPES)}", param_hint=flag
+            f"Unsupported cache type: {name} (allowed values: {', '.join(KV_TYPES)})", param_hint=flag
         )
     return name
+
+
+def flash_attn_value(value: str, cache_type_v: str) -> str:
+    """-fa on|off|auto with llama.cpp's spellings (is_truthy / is_falsey / is_autoy); a quantized V cache
+    with flash attention off is llama.cpp's start-up error."""
+    v = value.strip().lower()
+    fa = {"on": "on", "enabled": "on", "true": "on", "1": "on", "off": "off", "disabled": "off"}.get(v)
+    fa = fa or {"false": "off", "0": "off", "auto": "auto", "-1": "auto"}.get(v)
+    if fa is None:
+        raise click.BadParameter(
+            f"error: unknown value for --flash-attn: '{value}'", param_hint="--flash-attn"
+        )
+    if fa == "off" and cache_type_v in KV_TYPES and KV_TYPES[cache_type_v].quantized:
+        raise click.UsageError("quantized V cache requires flash_attn to be enabled (-fa on or auto)")
+    return fa
 
 
 def api_keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:

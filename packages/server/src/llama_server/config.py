@@ -9,6 +9,7 @@ from pathlib import Path
 from llama_tools import ToolsConfig
 
 from llama_engine import SamplingParams
+from llama_engine.checkpoints import CheckpointConfig
 from llama_engine.speculative import SpeculativeConfig
 
 __all__ = ["BUNDLED_MODEL_FILE", "ServerConfig", "bundled_model_path"]
@@ -96,6 +97,9 @@ class ServerConfig:
     verbose: bool = False
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # drafters, draft model
     lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters (path, initial scale), ids in this order
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)  # -ctxcp, -cms
+    n_cache_reuse: int = 0  # --cache-reuse: default n_cache_reuse (min chunk shifted into place; 0: off)
+    cache_ram: tuple[int, bool] = (8192, True)  # --cache-ram MiB (-1: no limit, 0: off), --cache-idle-slots
 
     @property
     def model_name(self) -> str:

@@ -156,6 +156,7 @@ def build_request(
         sampling=sp,
         stop=p.stop_list(cfg),
         cache_prompt=_pick(p.cache_prompt, cfg.cache_prompt),
+        n_cache_reuse=_pick(p.n_cache_reuse, cfg.n_cache_reuse),
         slot=slot % n_slots if slot >= 0 else -1,
         n_keep=len(prompt) if _pick(p.n_keep, cfg.n_keep) == -1 else _pick(p.n_keep, cfg.n_keep),
         context_shift=cfg.context_shift,

@@ -171,6 +171,9 @@ class ServerState:
                     cache_type_v=cfg.cache_type_v,
                     speculative=cfg.speculative,
                     lora=tuple(p for p, _ in cfg.lora),
+                    checkpoints=cfg.checkpoints,
+                    cache_ram_mib=cfg.cache_ram[0],
+                    cache_idle_slots=cfg.cache_ram[1],
                 ),
             ).start()
             engine.tokenizer.warmup()

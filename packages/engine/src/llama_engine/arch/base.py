@@ -17,7 +17,7 @@ import inspect
 import mmap
 import threading
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -280,6 +280,7 @@ class DecoderModel:
         swa_full: bool = False,
         type_k: str = "f16",
         type_v: str = "f16",
+        flash_attn: bool = False,
     ) -> KVCache:
         c = self.config
         self.workspace(n_ubatch)
@@ -294,6 +295,8 @@ class DecoderModel:
             swa_full=swa_full,
             type_k=type_k,
             type_v=type_v,
+            flash_attn=flash_attn,
+            head_dim=c.head_dim,
         )
 
     def rope_cache(self, il: int, n_pos: int) -> np.ndarray:
@@ -420,7 +423,11 @@ class DecoderModel:
         pi = kv.pool_index(il)
         pool, ranges = kv.pools[pi], placed.ranges[pi]
         kc, vc = pool.kernel_kv[il]
-        ops.attend(
+        attend: Any = ops.attend
+        typed: tuple[Any, ...] = ()
+        if pool.typed_attention:  # flash attention, or a bf16 / block-type cache (ops.flash_attn)
+            attend, typed = ops.attend_typed, (*pool.attention_kinds, pool.store(il))
+        attend(
             ws.attn.x,
             ws.qkv,
             ws.q,
@@ -446,6 +453,7 @@ class DecoderModel:
             self.rope_mode,
             *self._scales,
             self._tile_cols,
+            *typed,
         )
         if self.collector is not None:
             self.collector.observe(il, "attn_output", ws.attn.x[:n])

@@ -11,6 +11,7 @@ table (GGML_GELU_FP16), RoPE angles are built by repeated float multiplication a
 from __future__ import annotations
 
 from .attention import TILE_WIDTHS, attend, attention, tiles_for
+from .flash_attn import attend_typed, attention_typed
 from .glu import geglu, gelu_table, swiglu
 from .norm import output_norm, residual_norm, rms_norm
 from .rope import ROPE_NEOX, ROPE_NORM, rope, rope_cache
@@ -20,7 +21,9 @@ __all__ = [
     "ROPE_NORM",
     "TILE_WIDTHS",
     "attend",
+    "attend_typed",
     "attention",
+    "attention_typed",
     "geglu",
     "gelu_table",
     "output_norm",

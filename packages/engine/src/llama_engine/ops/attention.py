@@ -31,7 +31,7 @@ from .products import kq_few, kq_many, kqv_few, kqv_many
 from .rope import rope_cols
 from .tiles import TILE_COLS
 
-__all__ = ["TILE_WIDTHS", "attend", "attention", "tiles_for"]
+__all__ = ["TILE_WIDTHS", "attend", "attention", "prepare_qkv", "tiles_for"]
 
 TILE_WIDTHS = (TILE_COLS, 8)  # the many-lane tiles' column counts the kernels are built for
 
@@ -103,6 +103,22 @@ def attend(  # type: ignore[no-untyped-def]
     for an f16 K cache), k and v stored in the cache layer at ``new_cells`` (kc / vc: float32, or an f16
     cache's uint16 view), then ``attention`` with ``kq_scale`` into out. qkv is overwritten."""
     nq, nk = n_head * head_dim, n_head_kv * head_dim
+    prepare_qkv(
+        qkv, bq, bk, bv, q_norm, k_norm, eps, pos, table, n, n_head, n_head_kv, head_dim, rope_dims, mode
+    )
+    _ready_q(q, qkv, 0, n, nq, q_scale, kc)
+    store_rows(kc, new_cells, qkv, nq, nk)
+    store_rows(vc, new_cells, qkv, nq + nk, nk)
+    _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def prepare_qkv(
+    qkv, bq, bk, bv, q_norm, k_norm, eps, pos, table, n, n_head, n_head_kv, head_dim, rope_dims, mode
+):  # type: ignore[no-untyped-def]
+    """The graph's steps on the fused product before attention, in place: the biases, the per-head norms
+    (each skipped when empty), RoPE on q and k."""
+    nq, nk = n_head * head_dim, n_head_kv * head_dim
     _add_bias(qkv, bq, 0, n)
     _add_bias(qkv, bk, nq, n)
     _add_bias(qkv, bv, nq + nk, n)
@@ -110,10 +126,6 @@ def attend(  # type: ignore[no-untyped-def]
     _head_norms(qkv, k_norm, nq, n, n_head_kv, head_dim, eps)
     rope_cols(qkv, 0, pos, table, n, n_head, head_dim, rope_dims, mode)
     rope_cols(qkv, nq, pos, table, n, n_head_kv, head_dim, rope_dims, mode)
-    _ready_q(q, qkv, 0, n, nq, q_scale, kc)
-    store_rows(kc, new_cells, qkv, nq, nk)
-    store_rows(vc, new_cells, qkv, nq + nk, nk)
-    _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

@@ -1,0 +1,486 @@
+"""Attention over caches of any KV type, with flash attention or with ggml's mul_mat / softmax path.
+
+``attend_typed`` runs for flash attention (``-fa on``) and for bf16 or block-type (q8_0, q4_0, ...) caches;
+f16 and f32 caches without flash attention take ``attention.attend``. Both numerics are ggml's CPU ones:
+
+- K.Q (both paths): q converted to K's vec_dot type (f16 or bf16 rounded; Q8_0 or Q8_1 blocks for the block
+  types, llama-quant's activation quantizer), then K's vec_dot: f32 / f16 / bf16 products summed in double;
+  the block types through llama-quant's block kernels (ggml's generic vec_dot, float step by float step).
+- Flash attention (ggml_compute_forward_flash_attn_ext_f16_one_chunk): per token and head, the cells in
+  order with an online softmax through libm's expf; an f16 V accumulates in f16 (ggml_vec_mad_f16 /
+  ggml_vec_scale_f16 without SIMD: widen, one f32 operation, round), other V types are converted to f32
+  (to_float) and accumulate in f32; the result is scaled by 1 / S.
+- Without flash attention: KQ scaled, softmax as ``attention`` (ggml_v_expf), then mul_mat(v, kq) with the
+  probabilities converted to V's type (a block-type V needs flash attention, as in llama.cpp).
+
+Not reproduced: ggml's tiled flash attention (f16/f32 K and V of one type, 64 or more tokens in a batch) and
+its split-KV decode (the same types, 512 or more cells, reduced over the thread count).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import float32, float64, prange, uint64
+
+from llama_quant.formats.common import get_f16
+from llama_quant.formats.iq4 import KVALUES_IQ4NL, _dq_iq4_nl
+from llama_quant.formats.legacy import _dq_q4_0, _dq_q4_1, _dq_q5_0, _dq_q5_1, _dq_q8_0
+from llama_quant.kernels.act import bf16_round, f16_round, quantize_q8
+from llama_quant.kernels.blocks32 import _tile_q4, _tile_q5, _tile_q8
+
+from ._intrinsics import bits_f32
+from .attention import _softmax_sse2, prepare_qkv
+
+__all__ = [
+    "KIND_BF16",
+    "KIND_F16",
+    "KIND_F32",
+    "attend_typed",
+    "attention_typed",
+    "fwht_rows",
+]
+
+# the KVType codes (llama_engine.kv_types)
+KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
+_Q8_0, _Q4_0, _Q4_1, _IQ4_NL, _Q5_0, _Q5_1 = 3, 4, 5, 6, 7, 8
+_F32_AS_F16 = 9  # flash attention casts an f32 K or V to f16 first (build_attn_mha's ggml_cast)
+_BLOCK_BYTES = np.array([4, 2, 2, 34, 18, 20, 18, 22, 24, 4], np.int64)  # per value (floats) or per 32
+
+
+def attend_typed(  # type: ignore[no-untyped-def]
+    out,
+    qkv,
+    q,
+    bq,
+    bk,
+    bv,
+    q_norm,
+    k_norm,
+    eps,
+    pos,
+    table,
+    kc,
+    vc,
+    new_cells,
+    cells,
+    lo,
+    hi,
+    n,
+    n_head,
+    n_head_kv,
+    head_dim,
+    rope_dims,
+    mode,
+    q_scale,
+    kq_scale,
+    cols,
+    kind_k,
+    kind_v,
+    flash,
+    rot_k,
+    rot_v,
+    store,
+) -> None:
+    """``attention.attend`` for any cache type: the same preparation of q and k; with a rotated cache
+    (``rot_k`` / ``rot_v`` > 0, llama.cpp's attention rotation) q and k, and v, through the Walsh-Hadamard
+    transform; the new keys and values stored through ``store(cells, k_rows, v_rows)`` (the cache's
+    encoder); ``attention_typed``; and the output rotated back when v was rotated."""
+    nq, nk = n_head * head_dim, n_head_kv * head_dim
+    prepare_qkv(
+        qkv, bq, bk, bv, q_norm, k_norm, eps, pos, table, n, n_head, n_head_kv, head_dim, rope_dims, mode
+    )
+    _scaled(q, qkv, n, nq, np.float32(q_scale))
+    if rot_k:
+        fwht_rows(q, n, 0, nq, rot_k)
+        fwht_rows(qkv, n, nq, nk, rot_k)
+    if rot_v:
+        fwht_rows(qkv, n, nq + nk, nk, rot_v)
+    store(new_cells, qkv[:n, nq : nq + nk], qkv[:n, nq + nk : nq + 2 * nk])
+    attention_typed(
+        out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash
+    )
+    if rot_v:
+        fwht_rows(out, n, 0, nq, rot_v)
+
+
+@numba.njit(cache=True, nogil=True)
+def fwht_rows(x, n, c0, width, size):  # type: ignore[no-untyped-def]
+    """x[t, c0 : c0 + width] for t < n, in place, through the orthonormal Walsh-Hadamard transform of each
+    run of ``size`` values (a power of two): ggml's fwht (the mul_mat hinted SRC0_IS_HADAMARD) without
+    SIMD: the values times 1 / sqrtf(size), then the butterfly passes u + v, u - v from length 1 up."""
+    scale = float32(1.0) / np.sqrt(float32(size))
+    for t in range(n):
+        for a in range(c0, c0 + width, size):
+            for j in range(size):
+                x[t, a + j] = x[t, a + j] * scale
+            half = 1
+            while half < size:
+                for i in range(0, size, 2 * half):
+                    for j in range(half):
+                        u = x[t, a + i + j]
+                        v = x[t, a + i + half + j]
+                        x[t, a + i + j] = u + v
+                        x[t, a + i + half + j] = u - v
+                half *= 2
+
+
+def attention_typed(  # type: ignore[no-untyped-def]
+    out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash
+) -> None:
+    """Attention of q [n, n_head * head_dim] (f32, not yet converted for K) over the cache layers kc, vc
+    (any storage: read as raw bytes) into out [n, n_head * head_dim]; ``flash``: flash attention."""
+    nq = n_head * head_dim
+    if flash:
+        kind_k = _F32_AS_F16 if kind_k == KIND_F32 else kind_k
+        kind_v = _F32_AS_F16 if kind_v == KIND_F32 else kind_v
+    qr, xq, xd, xs, xsum = _ready(q, n, nq, kind_k)
+    kb = kc.reshape(kc.shape[0], -1).view(np.uint8)
+    vb = vc.reshape(vc.shape[0], -1).view(np.uint8)
+    _run(
+        out, qr, xq, xd, xs, xsum, kb, vb, cells, lo, hi, n, n_head, n_head_kv, head_dim,
+        np.float32(kq_scale), kind_k, kind_v, flash,
+    )  # fmt: skip
+
+
+def _ready(q: np.ndarray, n: int, nq: int, kind_k: int):  # type: ignore[no-untyped-def]
+    """q in K's vec_dot type: rounded floats for f16/bf16 (qr), Q8_0/Q8_1 blocks for the block types."""
+    qr = np.ascontiguousarray(q[:n, :nq], np.float32)
+    nb = 0 if _is_float(kind_k) else nq // 32
+    xq = np.zeros((n, nb * 32), np.int8)
+    xd = np.zeros((n, nb), np.float32)
+    xs = np.zeros((n, nb), np.float32)
+    xsum = np.zeros((n, 2 * nb), np.int32)
+    if not _is_float(kind_k):
+        quantize_q8(xq, xd, xs, xsum, qr, n, nq)
+    else:
+        _round_q(qr, n, nq, kind_k)
+    return qr, xq, xd, xs, xsum
+
+
+@numba.njit(cache=True, nogil=True)
+def _scaled(q, qkv, n, nq, s):  # type: ignore[no-untyped-def]
+    for t in range(n):
+        for i in range(nq):
+            x = qkv[t, i]
+            if s != np.float32(1.0):
+                x = x * s
+            q[t, i] = x
+
+
+@numba.njit(cache=True, nogil=True)
+def _round_q(qr, n, nq, kind):  # type: ignore[no-untyped-def]
+    if kind == KIND_F32:
+        return
+    for t in range(n):
+        for i in range(nq):
+            qr[t, i] = bf16_round(qr[t, i]) if kind == KIND_BF16 else f16_round(qr[t, i])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _float_at(b, o, kind):  # type: ignore[no-untyped-def]
+    """Element of a float-type row at byte offset o, as float32 (exact)."""
+    if kind == KIND_F16:
+        return get_f16(b, o)
+    if kind == _F32_AS_F16:
+        return f16_round(_f32_at(b, o))
+    if kind == KIND_BF16:
+        return bits_f32((np.uint32(b[o]) | (np.uint32(b[o + 1]) << np.uint32(8))) << np.uint32(16))  # type: ignore[call-arg]
+    return _f32_at(b, o)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _f32_at(b, o):  # type: ignore[no-untyped-def]
+    u = np.uint32(b[o]) | (np.uint32(b[o + 1]) << np.uint32(8))
+    u |= (np.uint32(b[o + 2]) << np.uint32(16)) | (np.uint32(b[o + 3]) << np.uint32(24))
+    return bits_f32(u)  # type: ignore[call-arg]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _is_float(kind):  # type: ignore[no-untyped-def]
+    return kind <= KIND_BF16 or kind == _F32_AS_F16
+
+
+@numba.njit(cache=True, nogil=True)
+def _kq(row, ko, kind, head_dim, qr, xq, xd, xs, xsum, t, qo, sc):  # type: ignore[no-untyped-def]
+    """K.Q of one cache row's head (from byte ko) with token t's head at value qo: ggml's vec_dot of the
+    K type, as float32. ``sc`` is a scratch tuple (qs, qh, d, m, q8, y, acc16, acc16b, acc32)."""
+    if _is_float(kind):
+        w = _BLOCK_BYTES[kind]
+        s = 0.0
+        for i in range(head_dim):
+            s += float64(_float_at(row, ko + i * w, kind) * qr[t, qo + i])
+        return float32(s)
+    qs, qh, d, m, q8, y, acc, acc2, acc32 = sc
+    nb = head_dim // 32
+    bb = _BLOCK_BYTES[kind]
+    b0 = qo // 32
+    xqt, xdt, xst, xsumt = (
+        xq[t, qo : qo + head_dim],
+        xd[t, b0 : b0 + nb],
+        xs[t, b0 : b0 + nb],
+        xsum[t, 2 * b0 :],
+    )
+    for b in range(nb):
+        o = ko + b * bb
+        d[b] = get_f16(row, o)
+        if kind in (_Q4_1, _Q5_1):
+            m[b] = get_f16(row, o + 2)
+        if kind == _Q8_0:
+            for j in range(32):
+                q8[b * 32 + j] = np.int8(row[o + 2 + j])
+        elif kind == _IQ4_NL:  # the Q8_0 product on the decoded values: ggml's d_y*d_x*sumi, same product
+            for j in range(16):
+                v = row[o + 2 + j]
+                q8[b * 32 + j] = np.int8(KVALUES_IQ4NL[v & 15])
+                q8[b * 32 + j + 16] = np.int8(KVALUES_IQ4NL[v >> 4])
+        elif kind in (_Q4_0, _Q4_1):
+            h = 2 if kind == _Q4_0 else 4
+            for j in range(16):
+                qs[b * 16 + j] = row[o + h + j]
+        else:  # Q5_0 / Q5_1: 4 bytes of fifth bits, then the nibbles
+            h = 2 if kind == _Q5_0 else 4
+            for j in range(4):
+                qh[b * 4 + j] = row[o + h + j]
+            for j in range(16):
+                qs[b * 16 + j] = row[o + h + 4 + j]
+    one = uint64(1)
+    if kind in (_Q8_0, _IQ4_NL):
+        _tile_q8(y, q8, d, xqt, xdt, nb, acc32, one)
+    elif kind in (_Q4_0, _Q4_1):
+        _tile_q4(y, qs, d, m, xqt, xdt, xst, xsumt, nb, acc, one, kind == _Q4_1)
+    else:
+        _tile_q5(y, qs, qh, d, m, xqt, xdt, xst, xsumt, nb, acc, acc2, one, kind == _Q5_1)
+    return y[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _v_row(dst, row, vo, kind, head_dim):  # type: ignore[no-untyped-def]
+    """dst[0:head_dim] = one cache row's head (from byte vo) as float32: ggml's to_float of the V type."""
+    if _is_float(kind):
+        w = _BLOCK_BYTES[kind]
+        for i in range(head_dim):
+            dst[i] = _float_at(row, vo + i * w, kind)
+        return
+    bb = _BLOCK_BYTES[kind]
+    for b in range(head_dim // 32):
+        blk = row[vo + b * bb : vo + (b + 1) * bb]
+        y = dst[b * 32 : b * 32 + 32]
+        if kind == _Q8_0:
+            _dq_q8_0(blk, y)
+        elif kind == _Q4_0:
+            _dq_q4_0(blk, y)
+        elif kind == _Q4_1:
+            _dq_q4_1(blk, y)
+        elif kind == _IQ4_NL:
+            _dq_iq4_nl(blk, y)
+        elif kind == _Q5_0:
+            _dq_q5_0(blk, y)
+        else:
+            _dq_q5_1(blk, y)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _make_scratch(head_dim):  # type: ignore[no-untyped-def]
+    nb = max(head_dim // 32, 1)
+    return (
+        np.zeros(nb * 16, np.uint8),
+        np.zeros(nb * 4, np.uint8),
+        np.zeros(nb, np.float32),
+        np.zeros(nb, np.float32),
+        np.zeros(nb * 32, np.int8),
+        np.zeros(1, np.float32),
+        np.zeros(1, np.int16),
+        np.zeros(1, np.int16),
+        np.zeros(1, np.int32),
+    )
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _run(
+    out,
+    qr,
+    xq,
+    xd,
+    xs,
+    xsum,
+    kb,
+    vb,
+    cells,
+    lo,
+    hi,
+    n,
+    n_head,
+    n_head_kv,
+    head_dim,
+    scale,
+    kind_k,
+    kind_v,
+    flash,
+):  # type: ignore[no-untyped-def]
+    """One job per (token, query head), in parallel: each is independent, as ggml's rows of q."""
+    for job in prange(n * n_head):
+        t = job // n_head
+        h = job % n_head
+        if flash:
+            _flash_row(
+                out,
+                qr,
+                xq,
+                xd,
+                xs,
+                xsum,
+                kb,
+                vb,
+                cells,
+                lo[t],
+                hi[t],
+                t,
+                h,
+                n_head,
+                n_head_kv,
+                head_dim,
+                scale,
+                kind_k,
+                kind_v,
+            )
+        else:
+            _mha_row(
+                out,
+                qr,
+                xq,
+                xd,
+                xs,
+                xsum,
+                kb,
+                vb,
+                cells,
+                lo[t],
+                hi[t],
+                t,
+                h,
+                n_head,
+                n_head_kv,
+                head_dim,
+                scale,
+                kind_k,
+                kind_v,
+            )
+
+
+@numba.njit(cache=True, nogil=True)
+def _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v):  # type: ignore[no-untyped-def]
+    kh = h // (n_head // n_head_kv)
+    return kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _head_bytes(kind, head_dim):  # type: ignore[no-untyped-def]
+    return head_dim * _BLOCK_BYTES[kind] if _is_float(kind) else head_dim // 32 * _BLOCK_BYTES[kind]
+
+
+@numba.njit(cache=True, nogil=True)
+def _flash_row(
+    out,
+    qr,
+    xq,
+    xd,
+    xs,
+    xsum,
+    kb,
+    vb,
+    cells,
+    jlo,
+    jhi,
+    t,
+    h,
+    n_head,
+    n_head_kv,
+    head_dim,
+    scale,
+    kind_k,
+    kind_v,
+):  # type: ignore[no-untyped-def]
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one row of q (no mask values, sinks or
+    softcap: the cells outside [jlo, jhi) are the masked ones ggml skips)."""
+    ko, vo = _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v)
+    qo = h * head_dim
+    sc = _make_scratch(head_dim)
+    acc = np.zeros(head_dim, np.float32)  # VKQ32, or VKQ16's values (each an f16) for an f16 V
+    v32 = np.empty(head_dim, np.float32)
+    big_s = float32(0.0)
+    big_m = float32(-np.inf)
+    f16v = kind_v in (KIND_F16, _F32_AS_F16)
+    for j in range(jlo, jhi):
+        c = cells[j]
+        s = _kq(kb[c], ko, kind_k, head_dim, qr, xq, xd, xs, xsum, t, qo, sc)
+        s = s * scale
+        ms = float32(1.0)
+        vs = float32(1.0)
+        if s > big_m:
+            m_old = big_m
+            big_m = s
+            ms = float32(math.exp(m_old - big_m))
+            for d in range(head_dim):
+                acc[d] = f16_round(acc[d] * ms) if f16v else acc[d] * ms
+        else:
+            vs = float32(math.exp(s - big_m))
+        _v_row(v32, vb[c], vo, kind_v, head_dim)
+        for d in range(head_dim):
+            acc[d] = f16_round(acc[d] + v32[d] * vs) if f16v else acc[d] + v32[d] * vs
+        big_s = big_s * ms + vs
+    inv = float32(0.0) if big_s == float32(0.0) else float32(1.0) / big_s
+    for d in range(head_dim):
+        out[t, qo + d] = acc[d] * inv
+
+
+@numba.njit(cache=True, nogil=True)
+def _mha_row(
+    out,
+    qr,
+    xq,
+    xd,
+    xs,
+    xsum,
+    kb,
+    vb,
+    cells,
+    jlo,
+    jhi,
+    t,
+    h,
+    n_head,
+    n_head_kv,
+    head_dim,
+    scale,
+    kind_k,
+    kind_v,
+):  # type: ignore[no-untyped-def]
+    """mul_mat(k, q) -> soft_max_ext -> mul_mat(v, kq) for one row of q, as ``attention``: KQ scaled in
+    float, ggml_v_expf softmax, the probabilities converted to V's type, the products summed in double."""
+    ko, vo = _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v)
+    qo = h * head_dim
+    sc = _make_scratch(head_dim)
+    length = jhi - jlo
+    w = np.empty(max(length, 1), np.float32)
+    mx = float32(-np.inf)
+    for j in range(length):
+        w[j] = _kq(kb[cells[jlo + j]], ko, kind_k, head_dim, qr, xq, xd, xs, xsum, t, qo, sc) * scale
+        if w[j] > mx:
+            mx = w[j]
+    inv = _softmax_sse2(w, 0, length, mx)
+    acc = np.zeros(head_dim, np.float64)
+    v32 = np.empty(head_dim, np.float32)
+    for j in range(length):
+        p = w[j] * inv
+        if kind_v == KIND_F16:
+            p = f16_round(p)
+        elif kind_v == KIND_BF16:
+            p = bf16_round(p)
+        _v_row(v32, vb[cells[jlo + j]], vo, kind_v, head_dim)
+        for d in range(head_dim):
+            acc[d] += float64(p * v32[d])  # f16/bf16 products are exact in float; f32 ones rounded
+    for d in range(head_dim):
+        out[t, qo + d] = float32(acc[d])
