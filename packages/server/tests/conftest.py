@@ -95,6 +95,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--metrics",
         "--props",
         "--embeddings",
+        "--pooling",  # SmolLM2 carries no pooling type: llama.cpp's default would be none
+        "mean",
         "--slot-save-path",
         str(slots_dir),
         "--max-queue",

@@ -29,6 +29,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "0",
             "--metrics",
             "--embeddings",
+            "--pooling",
+            "mean",
         )
     yield s
     stop_server(s)

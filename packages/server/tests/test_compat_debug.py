@@ -1,5 +1,6 @@
 """llama-server's debugging surfaces against a real server: `__verbose` (`-v`, or a request's `verbose`) on
-OpenAI-compatible results, and `return_progress` prompt-progress events on every streaming API."""
+OpenAI-compatible results, `return_progress` prompt-progress events on every streaming API, post-sampling
+probabilities; and flags with llama.cpp's defaults: `--pooling` (the model's own) and `-sp/--special`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import httpx
 import pytest
 from conftest import Server, smollm2_path, start_server, stop_server
 
+from llama_engine import Pooling
 from llama_server.cli import build_config, main
+from llama_server.model_overrides import open_with_overrides
+from llama_server.pooling import model_pooling
 
 N_BATCH = 64
 CHAT = {
@@ -23,9 +27,11 @@ CHAT = {
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """`-v` (every OAI result carries `__verbose`), one slot, prompts evaluated 64 tokens per step."""
+    """`-v` (every OAI result carries `__verbose`), one slot, prompts evaluated 64 tokens per step,
+    embeddings without `--pooling` (SmolLM2 has no pooling type: none), `-sp`."""
     s: Server = start_server(
-        tmp_path_factory.mktemp("debug"), "-v", "-c", "512", "-np", "1", "-b", str(N_BATCH), "--temp", "0"
+        tmp_path_factory.mktemp("debug"),
+        *("-v", "-c", "512", "-np", "1", "-b", str(N_BATCH), "--temp", "0", "--embeddings", "-sp"),
     )
     with s.client() as client:
         yield client
@@ -205,3 +211,30 @@ def test_post_sampling_probs_on_chat_logprobs(c):
     pre = c.post("/v1/chat/completions", json={**body, "post_sampling_probs": False}).json()
     entry = pre["choices"][0]["logprobs"]["content"][0]
     assert "logprob" in entry and len(entry["top_logprobs"]) == 5
+
+
+def test_pooling_defaults_to_the_models_own(c):
+    r = c.post("/v1/embeddings", json={"input": "hello"})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
+    )
+    n = len(c.post("/tokenize", json={"content": "hello world", "add_special": True}).json()["tokens"])
+    rows = c.post("/embedding", json={"content": "hello world"}).json()[0]["embedding"]
+    assert len(rows) == n and all(len(v) == 576 for v in rows)  # one unnormalised vector per token
+    path = str(smollm2_path())
+    for value, want in ((1, Pooling.MEAN), (2, Pooling.CLS), (3, Pooling.LAST), (4, Pooling.RANK)):
+        gguf = open_with_overrides(path, (("llama.pooling_type", value),), None)
+        assert model_pooling(gguf.metadata, "llama") == want
+    assert model_pooling({}, "llama") == Pooling.NONE
+
+
+def test_special_tokens_are_rendered(c):
+    tok = c.post("/tokenize", json={"content": "<|im_start|><|im_end|>", "parse_special": True}).json()
+    start, end = tok["tokens"]
+    body = {"prompt": "Hi", "n_predict": 1, "logit_bias": [[start, 100.0]]}
+    assert c.post("/completion", json=body).json()["content"] == "<|im_start|>"
+    eos = c.post("/completion", json={**body, "logit_bias": [[end, 100.0]]}).json()
+    assert eos["content"] == "<|im_end|>" and eos["stop_type"] == "eos"
+    chunks = _events(c.post("/completion", json={**body, "stream": True}))
+    assert "".join(ch["content"] for ch in chunks) == "<|im_start|>"

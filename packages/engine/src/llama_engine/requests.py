@@ -54,6 +54,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     post_sampling_probs: bool = False  # n_probs after the sampler chain instead of over the raw logits
     timings_per_token: bool = False  # every TokenEvent carries the request's timings so far
     return_progress: bool = False  # a ProgressEvent before the prompt is evaluated and after each chunk
+    special: bool = False  # render special tokens in the text (llama-server's -sp), end-of-generation too
     lora: tuple[float, ...] = ()  # the scale of each of the engine's LoRA adapters (by id); () or 0: none
 
 

@@ -242,7 +242,7 @@ class Scheduler:
             complete=piece_complete(self.tokenizer) if params.reasoning_budget is not None else None,
         )
         slot.sampler.accept_many(prompt)
-        slot.detok = self.tokenizer.streaming()
+        slot.detok = self.tokenizer.streaming(req.special)
         slot.state = SlotState.PROMPT
         if req.return_progress:  # llama.cpp's first update: nothing evaluated yet (processed == cache)
             msg.handle._emit(progress_event(slot, start=True))
@@ -445,6 +445,8 @@ class Scheduler:
             return
         s.n_generated += 1
         if self.tokenizer.is_eog(token) and not req.sampling.ignore_eos:
+            if req.special:  # llama.cpp adds the special piece (`-sp`) before it stops
+                s.held += s.detok.feed(token)  # type: ignore[attr-defined]
             self._finish(s, StopReason.EOS)
             return
         preserved = token in req.sampling.preserved_tokens  # a special token whose text is output

@@ -156,6 +156,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("-sps --slot-prompt-similarity"),
     _o("-cram --cache-ram", "LLAMA_ARG_CACHE_RAM"),
     _o("--reasoning-budget", "LLAMA_ARG_THINK_BUDGET"),
+    _o("--reasoning-budget-message", "LLAMA_ARG_THINK_BUDGET_MESSAGE"),
+    _o("-sp --special", None, _F),
     _o("-rea --reasoning", "LLAMA_ARG_REASONING"),
     _o("--log-colors", "LLAMA_LOG_COLORS"),
     _o("--log-prefix", "LLAMA_LOG_PREFIX", _F),

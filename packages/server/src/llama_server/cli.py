@@ -256,6 +256,7 @@ def _opts(f: Any) -> Any:
         ),
         o("--reasoning-budget", type=click.IntRange(min=-1), default=-1, envvar="LLAMA_ARG_THINK_BUDGET"),
         o("--reasoning-budget-message", default="", envvar="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
+        o("-sp", "--special", is_flag=True, help="Render special tokens in generated text."),
         o("--prefill-assistant/--no-prefill-assistant", default=True, envvar="LLAMA_ARG_PREFILL_ASSISTANT"),
         o("-r", "--reverse-prompt", multiple=True, help="Default stop string (repeatable)."),
         # embeddings
@@ -449,6 +450,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         reasoning=reasoning_mode(kw["reasoning"], kw["reasoning_budget"]),
         reasoning_budget=kw["reasoning_budget"],
         reasoning_budget_message=kw["reasoning_budget_message"],
+        special=kw["special"],
         override_kv=override_kv(kw["override_kv"]),
         rope_freq_base=kw["rope_freq_base"],
         spm_infill=kw["spm_infill"],

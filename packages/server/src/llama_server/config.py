@@ -86,6 +86,7 @@ class ServerConfig:
     spm_infill: bool = False  # --spm-infill: /infill prompts in suffix-prefix-middle order
     reasoning_budget: int = -1  # thinking tokens before the block is closed (-1: unlimited, 0: at once)
     reasoning_budget_message: str = ""  # text forced before the end tag when the budget runs out
+    special: bool = False  # -sp: special tokens rendered in generated text
     prefill_assistant: bool = True
     reverse_prompts: tuple[str, ...] = ()
     # embeddings

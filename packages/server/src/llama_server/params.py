@@ -163,6 +163,7 @@ def build_request(
         post_sampling_probs=bool(p.post_sampling_probs),
         timings_per_token=bool(p.timings_per_token),
         return_progress=bool(p.return_progress and p.stream),  # progress events exist only in a stream
+        special=cfg.special,
     )
 
 

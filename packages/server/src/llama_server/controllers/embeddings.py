@@ -15,6 +15,7 @@ from llama_engine import EmbeddingRequest, Pooling
 from ..bridge import until_disconnect
 from ..chat_prompt import media_not_supported
 from ..errors import ApiError
+from ..pooling import server_pooling
 from ..prompts import tokenize_request
 from ..schemas import EmbeddingBody
 from ..state import ServerState
@@ -66,7 +67,7 @@ class EmbeddingsController(Controller):
             raise ApiError(f'"{field}" must be a string, a list of tokens, or a list of inputs')
         value = [_flatten_content(v) for v in value] if isinstance(value, list) else _flatten_content(value)
         prompts = await unless_disconnected(request, tokenize_request(st, value, field))
-        pooling = Pooling[(st.config.pooling or "mean").upper()]
+        pooling = server_pooling(st)
         normalize = body.embd_normalize if body.embd_normalize is not None else st.config.embd_normalize
         if not -1 <= normalize <= 64:
             raise ApiError("embd_normalize must be between -1 and 64")
@@ -99,7 +100,7 @@ class EmbeddingsController(Controller):
         fmt = data.encoding_format or "float"
         if fmt not in ("float", "base64"):
             raise ApiError('encoding_format must be "float" or "base64"')
-        if server.config.pooling == "none":
+        if server.config.embeddings and server_pooling(server) == Pooling.NONE:
             raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
         vectors, n_tokens, _ = await self._embed(request, server, data, "input")
         return json_response(
