@@ -39,6 +39,7 @@ from .handles import (
     Wake,
 )
 from .kv_cache import KVCacheFullError
+from .kv_types import resolve_flash_attn
 from .lora import LoraAdapter, load_lora
 from .prompt_cache import PromptCache
 from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
@@ -105,8 +106,11 @@ class EngineConfig:
     max_queue: int = 64  # waiting requests beyond the busy slots
     kv_unified: bool = True  # every slot may use the whole context (else n_ctx / n_parallel each)
     swa_full: bool = False
-    cache_type_k: str = "f16"  # KV cache element types, "f16" (llama.cpp's default) or "f32"
+    # KV cache element types (llama_engine.kv_types.KV_TYPES: f32, f16 - llama.cpp's default -, bf16, q8_0,
+    # q4_0, q4_1, iq4_nl, q5_0, q5_1) and flash attention (on, off, auto: off unless a quantized V needs it)
+    cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    flash_attn: str = "off"
     warmup: bool = True
     # kernel set: "portable", "avx2" or "avx512"; None: the LLAMA_KERNELS environment variable, else
     # the best the host runs (a set the host cannot run is a ValueError naming what it has)
@@ -153,6 +157,7 @@ class Engine:
             config.swa_full,
             config.cache_type_k,
             config.cache_type_v,
+            resolve_flash_attn(config.flash_attn, config.cache_type_k, config.cache_type_v, c.head_dim),
         )
         n_ctx_slot = n_ctx if config.kv_unified else n_ctx // config.n_parallel
         self.n_ctx_slot = min(n_ctx_slot, c.n_ctx_train)

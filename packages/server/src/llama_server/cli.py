@@ -30,6 +30,7 @@ from .cache_flags import cache_options, cache_ram, checkpoint_config
 from .cli_values import (
     api_keys,
     cache_type,
+    flash_attn_value,
     logit_bias,
     override_kv,
     reasoning_mode,
@@ -48,7 +49,6 @@ __all__ = ["build_config", "main", "serve"]
 # (option names, takes a value) of llama.cpp flags that have no meaning for this server
 IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("-ngl", "--gpu-layers", "--n-gpu-layers"), True),
-    (("-fa", "--flash-attn"), True),
     (("--mlock",), False),
     (("--no-mmap",), False),
     (("--mmap",), False),
@@ -172,7 +172,7 @@ def _opts(f: Any) -> Any:
             default="f16",
             envvar="LLAMA_ARG_CACHE_TYPE_K",
             show_default=True,
-            help="KV cache type for K: f16 or f32.",
+            help="KV cache data type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.",
         ),
         o(
             "-ctv",
@@ -180,7 +180,15 @@ def _opts(f: Any) -> Any:
             default="f16",
             envvar="LLAMA_ARG_CACHE_TYPE_V",
             show_default=True,
-            help="KV cache type for V: f16 or f32.",
+            help="KV cache data type for V (a quantized V needs flash attention): as -ctk.",
+        ),
+        o(
+            "-fa",
+            "--flash-attn",
+            default="auto",
+            envvar="LLAMA_ARG_FLASH_ATTN",
+            show_default=True,
+            help="Flash attention: on, off or auto (auto: on only when a quantized V cache needs it).",
         ),
         o("--slot-save-path", type=click.Path(file_okay=False), help="Directory for slot save/restore."),
         o("--lora", multiple=True, help="LoRA adapter file(s), comma-separated, scale 1."),
@@ -427,6 +435,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         swa_full=kw["swa_full"],
         cache_type_k=cache_type(kw["cache_type_k"], "--cache-type-k"),
         cache_type_v=cache_type(kw["cache_type_v"], "--cache-type-v"),
+        flash_attn=flash_attn_value(kw["flash_attn"], kw["cache_type_v"]),
         max_queue=kw["max_queue"],
         sleep_idle_seconds=kw["sleep_idle_seconds"],
         api_keys=api_keys(kw["api_key"], kw["api_key_file"]),

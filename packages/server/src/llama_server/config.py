@@ -50,8 +50,9 @@ class ServerConfig:
     cache_prompt: bool = True
     warmup: bool = True
     swa_full: bool = False
-    cache_type_k: str = "f16"  # KV cache element types (--cache-type-k/-v): f16 or f32
+    cache_type_k: str = "f16"  # KV cache element types (--cache-type-k/-v, llama_engine.kv_types)
     cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # -fa on|off|auto
     max_queue: int = 64  # requests waiting for a slot before 503 + Retry-After
     sleep_idle_seconds: int = -1  # release the model after this long without a task (-1: never)
     # HTTP, security, endpoints
@@ -91,7 +92,7 @@ class ServerConfig:
     reverse_prompts: tuple[str, ...] = ()
     # embeddings
     embeddings: bool = False
-    pooling: str | None = None  # none|mean|cls|last; None: the model's default (mean)
+    pooling: str | None = None  # none|mean|cls|last|rank; None: the model's own (llama_server.pooling)
     embd_normalize: int = 2
     # sampling defaults (every request may override)
     sampling: SamplingParams = field(default_factory=SamplingParams)

@@ -169,6 +169,7 @@ class ServerState:
                     swa_full=cfg.swa_full,
                     cache_type_k=cfg.cache_type_k,
                     cache_type_v=cfg.cache_type_v,
+                    flash_attn=cfg.flash_attn,
                     speculative=cfg.speculative,
                     lora=tuple(p for p, _ in cfg.lora),
                     checkpoints=cfg.checkpoints,
