@@ -27,6 +27,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import float32, int16, int32, prange, uint64
 
+from ..formats.iq4 import KVALUES_IQ4NL
+from ..formats.mxfp4 import KVALUES_MXFP4
 from . import ref_iquants
 from ._tiles import N_CHUNKS, TILE_ROWS, row_minor, tile_rows
 from .blocks32 import _store
@@ -38,21 +40,27 @@ GRID_KINDS = {**ref_iquants.GRID_TYPES, T.TQ1_0: 1.0, T.TQ2_0: 1.0, T.IQ1_S: 0.1
 _PACK_ROWS = 16 * TILE_ROWS  # rows decoded at once while packing (bounds the int64 scratch)
 
 
+def _nibble_values(qs: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """[..., 16] bytes of 4-bit indices -> [..., 32] int8 table values (low nibbles, then high), one byte
+    each (an embedding matrix is large: no wider temporaries)."""
+    t = table.view(np.uint8)
+    return np.concatenate([t[qs & 15], t[qs >> 4]], axis=-1).view(np.int8)
+
+
 def iq4_nl_as_q8_0(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """IQ4_NL rows -> Q8_0 rows of the same values (kvalues_iq4nl) and fp16 scales."""
     blocks = raw.reshape(rows * (cols // 32), 18)
-    q = ref_iquants.decode(blocks, T.IQ4_NL, 1, len(blocks) * 32)["q"].reshape(-1, 32)
     out = np.empty((len(blocks), 34), np.uint8)
     out[:, :2] = blocks[:, :2]
-    out[:, 2:] = q.astype(np.int8).view(np.uint8)
+    out[:, 2:] = _nibble_values(blocks[:, 2:], KVALUES_IQ4NL).view(np.uint8)
     return out.reshape(rows, -1)
 
 
 def mxfp4_q8_tiles(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """MXFP4 rows -> ``blocks32``'s portable Q8_0 tiles (qs int8, d f32 = the exact e8m0 scale)."""
-    dec = ref_iquants.decode(raw, T.MXFP4, rows, cols)
-    qs = tile_rows(dec["q"].astype(np.int8), rows)  # [G, 64, nb, 32]
-    return row_minor(qs), row_minor(tile_rows(dec["d"], rows))
+    blocks = raw.reshape(rows, cols // 32, 17)
+    qs = tile_rows(_nibble_values(blocks[..., 1:], KVALUES_MXFP4), rows)  # [G, 64, nb, 32]
+    return row_minor(qs), row_minor(tile_rows(ref_iquants.e8m0_half(blocks[..., 0]), rows))
 
 
 def _decoded_tiles(qtype: T, raw: np.ndarray, rows: int, cols: int) -> dict[str, list[np.ndarray]]:

@@ -24,7 +24,7 @@ from ..formats.grids import (
 from ..formats.iq4 import KVALUES_IQ4NL
 from ..formats.mxfp4 import KVALUES_MXFP4
 
-__all__ = ["BLOCKS", "GRID_TYPES", "decode", "matmul_k"]
+__all__ = ["BLOCKS", "GRID_TYPES", "decode", "e8m0_half", "matmul_k"]
 
 f32 = np.float32
 i64 = np.int64
@@ -162,7 +162,7 @@ def _decode_iq1(qtype: T, b: np.ndarray) -> dict[str, np.ndarray]:
     return {"d": d, "q": q, "sc": sc, "delta": np.where(nib & 8, -1, 1)}
 
 
-def _e8m0_half(e: np.ndarray) -> np.ndarray:
+def e8m0_half(e: np.ndarray) -> np.ndarray:
     """ggml_e8m0_to_fp32_half: 2**(e - 128) as f32, from its bits as ggml builds them."""
     e = e.astype(np.uint32)
     bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23))
@@ -179,7 +179,7 @@ def decode(raw: np.ndarray, qtype: T | int, rows: int, cols: int) -> dict[str, n
     if qtype == T.IQ4_NL:
         return {"d": _f16(b, 0), "q": _iq4(b[..., :18], 2, KVALUES_IQ4NL)}
     if qtype == T.MXFP4:
-        return {"d": _e8m0_half(b[..., 0]), "q": _iq4(b, 1, KVALUES_MXFP4)}
+        return {"d": e8m0_half(b[..., 0]), "q": _iq4(b, 1, KVALUES_MXFP4)}
     if qtype == T.IQ4_XS:
         sh = _words(b, 2, 1, "<u2")
         lo = (np.repeat(b[..., 4:8].astype(i64), 2, axis=-1) >> (4 * (np.arange(8) % 2))) & 15
