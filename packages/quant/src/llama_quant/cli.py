@@ -285,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             click.echo(_usage_text(), err=True)
         status = 1
     except (_Fail, QuantizeError, GGUFError) as e:
+        if getattr(e, "banner", ""):
+            click.echo(e.banner, err=True)  # type: ignore[union-attr]
         click.echo(f"error: {e}", err=True)
         status = 1
     except FileNotFoundError as e:

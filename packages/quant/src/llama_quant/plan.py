@@ -42,7 +42,27 @@ _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 
 
 class QuantizeError(ValueError):
-    """A model that cannot be quantized as asked (types, shapes, imatrix, requantizing)."""
+    """A model that cannot be quantized as asked (types, shapes, imatrix, requantizing); ``banner`` is the
+    framed explanation llama-quantize logs before some of these errors ("" for none)."""
+
+    def __init__(self, message: str, banner: str = "") -> None:
+        super().__init__(message)
+        self.banner = banner
+
+
+_RULE = "=" * 76
+
+
+def _imatrix_required(name: str, dst: T, have_imatrix: bool) -> QuantizeError:
+    """llama-quantize's refusal of a very low-bit tensor without importance data (its messages)."""
+    if not have_imatrix:
+        banner = (
+            f"{_RULE}\n ERROR: this quantization requires an importance matrix!\n"
+            f"        - offending tensor: {name}\n        - target type: {dst.name.lower()}\n{_RULE}"
+        )
+        return QuantizeError("this quantization requires an imatrix!", banner)
+    what = f"Missing importance matrix for tensor {name} in a very low-bit quantization"
+    return QuantizeError(what, f"{'=' * 60}\n{what}\nThe result will be garbage, so bailing out\n{'=' * 60}")
 
 
 @dataclass(slots=True)
@@ -145,7 +165,7 @@ def build_plan(f: gguf_io.GGUFFile, opts: QuantizeOptions) -> tuple[list[TensorP
         elif imat is None and s.name in plan.quantized:
             needs = tensor_requires_imatrix(s.name, dst, opts.mixture.ftype)
             if needs and not opts.mixture.only_copy and not opts.dry_run:
-                raise QuantizeError(f"this quantization requires an imatrix ({s.name} -> {dst.name})")
+                raise _imatrix_required(s.name, dst, False)
         out.append(plan_i)
     return out, plan.fallbacks
 
@@ -169,8 +189,7 @@ def _check_conversion(
         elif p.name not in ("token_embd.weight", "per_layer_token_embd.weight"):
             raise QuantizeError(f"imatrix size {v.size} is different from tensor size {want} for {p.name}")
     if vec is None and not opts.dry_run and tensor_requires_imatrix(p.name, p.dst_type, opts.mixture.ftype):
-        what = "this quantization requires an imatrix" if imat is None else "missing importance matrix"
-        raise QuantizeError(f"{what}: tensor {p.name} -> {p.dst_type.name}")
+        raise _imatrix_required(p.name, p.dst_type, imat is not None)
     if p.src_type not in (T.F32, T.F16, T.BF16) and not opts.allow_requantize and not opts.dry_run:
         raise QuantizeError(
             f"requantizing from type {p.src_type.name} is disabled ({p.name}); use --allow-requantize"

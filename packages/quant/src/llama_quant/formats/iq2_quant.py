@@ -1,11 +1,12 @@
 # mypy: ignore-errors
 # (numba kernel code: scalar types follow numba's typing, not numpy's stubs)
-"""Quantizing to IQ2_XXS and IQ2_XS (ggml's quantize_row_iq2_xxs_impl / quantize_row_iq2_xs_impl).
+"""Quantizing to IQ2_XXS, IQ2_XS and IQ2_S (ggml's quantize_row_iq2_xxs_impl, _iq2_xs_impl, _iq2_s_impl).
 
 Groups of 8 weights take even-parity signs and one entry of a 256- (IQ2_XXS) or 512-entry (IQ2_XS) grid of
 levels {1, 3, 5}; each block of 32 (16) weights searches its scale over 13 (19) candidates, and the blocks'
-scales are stored as 4-bit multiples of the super-block's fp16 scale. llama.cpp needs importance weights for
-both (ggml asserts, llama-quantize refuses); without them these kernels weight by x*x, which
+scales are stored as 4-bit multiples of the super-block's fp16 scale. IQ2_S is IQ2_XS's search on a
+1024-entry grid with plain 8-bit signs, and works without importance weights. llama.cpp needs them for
+IQ2_XXS and IQ2_XS (ggml asserts, llama-quantize refuses); without them these kernels weight by x*x, which
 ``llama_quant.quantize`` never asks for.
 """
 
@@ -26,7 +27,7 @@ from llama_quant.formats.iq_search import (
     weighted_sums,
 )
 
-__all__ = ["quantize_iq2_xs", "quantize_iq2_xxs"]
+__all__ = ["quantize_iq2_s", "quantize_iq2_xs", "quantize_iq2_xxs"]
 
 _f = np.float32
 _ZERO = np.float32(0.0)
@@ -34,6 +35,9 @@ _ONE = np.float32(1.0)
 _HALF = np.float32(0.5)
 _TENTH = np.float32(0.1)
 _EPS = np.float32(1e-15)  # GROUP_MAX_EPS
+_EPS_S = np.float32(1e-8)  # GROUP_MAX_EPS_IQ2_S
+_QUARTER = np.float32(0.25)
+_FUDGE_S = np.float32(0.9875)
 _KMAXQ = 3
 
 
@@ -110,7 +114,7 @@ def _iq2_xxs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         max_scale = _ZERO
         for ib in range(8):
             xb = xbl[32 * ib : 32 * ib + 32]
-            block_weights(xb, qw, 256 * ibl + 32 * ib, use_qw, sigma2, weight, waux, 32)
+            block_weights(xb, qw, 256 * ibl + 32 * ib, use_qw, sigma2, _ZERO, weight, waux, 32)
             for k in range(4):
                 signs[k] = even_signs(xb, weight, xval, 8 * k, True)
             scale, kept = _xxs_block(xval, weight, waux, L, Laux, Lqp, grid, kmap, neigh)
@@ -139,11 +143,12 @@ def _iq2_xxs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
 
 
 @njit(cache=True, error_model="numpy")
-def _xs_block(xval, weight, waux, L, Laux, on, on_aux, grid, kmap, neigh):
-    """(scale, True) and levels L of one block of 16; (0, False) for a block stored as zeros."""
+def _xs_block(xval, weight, waux, L, Laux, on, on_aux, eps, grid, kmap, neigh):
+    """(scale, True) and levels L of one block of 16 (IQ2_XS, IQ2_S); (0, False) for a block stored as
+    zeros (max below eps)."""
     mx = _vmax(xval, 16)
     L[:] = 0
-    if mx < _EPS:
+    if mx < eps:
         return _ZERO, False
     best = _ZERO
     scale = mx / _f(2 * _KMAXQ - 1)
@@ -194,10 +199,10 @@ def _iq2_xs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         max_scale = _ZERO
         for ib in range(16):
             xb = xbl[16 * ib : 16 * ib + 16]
-            block_weights(xb, qw, 256 * ibl + 16 * ib, use_qw, sigma2, weight, waux, 16)
+            block_weights(xb, qw, 256 * ibl + 16 * ib, use_qw, sigma2, _ZERO, weight, waux, 16)
             for k in range(2):
                 signs[k] = even_signs(xb, weight, xval, 8 * k, True)
-            scale, kept = _xs_block(xval, weight, waux, L, Laux, on, on_aux, grid, kmap, neigh)
+            scale, kept = _xs_block(xval, weight, waux, L, Laux, on, on_aux, _EPS, grid, kmap, neigh)
             if not kept:
                 scales[ib] = _ZERO
                 continue
@@ -219,6 +224,55 @@ def _iq2_xs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         for j in range(32):
             yb[2 + 2 * j] = q2[j] & 0xFF
             yb[3 + 2 * j] = q2[j] >> 8
+
+
+@njit(cache=True, error_model="numpy")
+def _iq2_s_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
+    # block: f16 d | u8 qs[32] (grid entries, low bits) | u8 signs[32] | u8 qh[8] | u8 scales[8]
+    scales = np.empty(16, np.float32)
+    weight = np.empty(16, np.float32)
+    waux = np.empty(16, np.float32)
+    xval = np.empty(16, np.float32)
+    L = np.zeros(16, np.int64)
+    Laux = np.zeros(16, np.int64)
+    on = np.zeros(2, np.bool_)
+    on_aux = np.zeros(2, np.bool_)
+    signs = np.zeros(2, np.int64)
+    for ibl in range(ncols // 256):
+        xbl = x[256 * ibl : 256 * ibl + 256]
+        yb = y[82 * ibl : 82 * ibl + 82]
+        yb[:] = 0
+        sigma2 = _f(2) * sum_sq(xbl) / _f(256)
+        floor = _QUARTER * sigma2
+        max_scale = _ZERO
+        for ib in range(16):
+            xb = xbl[16 * ib : 16 * ib + 16]
+            block_weights(xb, qw, 256 * ibl + 16 * ib, use_qw, sigma2, floor, weight, waux, 16)
+            for k in range(2):
+                signs[k] = even_signs(xb, weight, xval, 8 * k, False)
+            scale, kept = _xs_block(xval, weight, waux, L, Laux, on, on_aux, _EPS_S, grid, kmap, neigh)
+            if not kept:
+                scales[ib] = _ZERO
+                continue
+            if scale < _ZERO:  # never expected (ggml flips the scale and the signs)
+                scale = -scale
+                for k in range(2):
+                    signs[k] = (~signs[k]) & 255
+            for k in range(2):
+                i8 = 2 * ib + k
+                gi = np.int64(kmap[group_index(L, 8 * k, 8, 2)])
+                yb[2 + i8] = gi & 255
+                yb[66 + i8 // 4] |= (gi >> 8) << (2 * (i8 % 4))
+                yb[34 + i8] = signs[k]
+            scales[ib] = scale
+            max_scale = max_scale if max_scale > scale else scale
+        if max_scale == _ZERO:
+            continue
+        d = max_scale / _f(31)
+        put_f16(yb, 0, d * _FUDGE_S)
+        idd = _ONE / d
+        for ib in range(16):
+            yb[74 + ib // 2] |= _scale_code(idd, scales[ib]) << (4 * (ib % 2))
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -249,3 +303,18 @@ def quantize_iq2_xxs(x, qw, nrows, ncols, out):
 def quantize_iq2_xs(x, qw, nrows, ncols, out):
     """IQ2_XS rows (registry kernel signature); the bytes of ggml's quantize_iq2_xs."""
     _quantize_iq2_xs(x, qw, nrows, ncols, out, *grid_tables(GGMLQuantizationType.IQ2_XS))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _quantize_iq2_s(x, qw, nrows, ncols, out, grid, kmap, neigh):
+    rb = ncols // 256 * 82
+    use_qw = qw.size > 0
+    for r in prange(nrows):
+        _iq2_s_row(
+            x[r * ncols : (r + 1) * ncols], qw, use_qw, out[r * rb : (r + 1) * rb], ncols, grid, kmap, neigh
+        )
+
+
+def quantize_iq2_s(x, qw, nrows, ncols, out):
+    """IQ2_S rows (registry kernel signature); the bytes of ggml's quantize_iq2_s."""
+    _quantize_iq2_s(x, qw, nrows, ncols, out, *grid_tables(GGMLQuantizationType.IQ2_S))

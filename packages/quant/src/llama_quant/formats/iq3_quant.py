@@ -111,7 +111,7 @@ def _iq3_xxs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         max_scale = _ZERO
         for ib in range(8):
             xb = xbl[32 * ib : 32 * ib + 32]
-            block_weights(xb, qw, 256 * ibl + 32 * ib, use_qw, sigma2, weight, waux, 32)
+            block_weights(xb, qw, 256 * ibl + 32 * ib, use_qw, sigma2, _ZERO, weight, waux, 32)
             for k in range(4):
                 signs[k] = even_signs(xb, weight, xval, 8 * k, True)
             L[:] = 0
@@ -158,7 +158,7 @@ def _iq3_s_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         spos = 74
         for ib in range(8):
             xb = xbl[32 * ib : 32 * ib + 32]
-            block_weights(xb, qw, 256 * ibl + 32 * ib, use_qw, sigma2, weight, waux, 32)
+            block_weights(xb, qw, 256 * ibl + 32 * ib, use_qw, sigma2, _ZERO, weight, waux, 32)
             for k in range(4):
                 signs[k] = even_signs(xb, weight, xval, 8 * k, False)
             L[:] = 0

@@ -33,10 +33,11 @@ FLT_MAX = np.float32(3.4028234663852886e38)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def block_weights(xb, qw, q0, use_qw, sigma2, weight, waux, n):
-    """weight[i] = qw[q0 + i] * sqrtf(sigma2 + x*x) (x*x without importance weights); waux = sqrtf(weight)."""
+def block_weights(xb, qw, q0, use_qw, sigma2, floor, weight, waux, n):
+    """weight[i] = qw[q0 + i] * sqrtf(sigma2 + x*x), without importance weights floor + x*x (IQ2_S's
+    0.25f*sigma2; 0 for the others, which leaves x*x exact); waux = sqrtf(weight)."""
     for i in range(n):
-        weight[i] = qw[q0 + i] * np.sqrt(sigma2 + xb[i] * xb[i]) if use_qw else xb[i] * xb[i]
+        weight[i] = qw[q0 + i] * np.sqrt(sigma2 + xb[i] * xb[i]) if use_qw else floor + xb[i] * xb[i]
     for i in range(n):
         waux[i] = np.sqrt(weight[i])
 

@@ -3,7 +3,8 @@
 """Dequantization of the grid-based i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S.
 
 Each kernel evaluates gguf-py's float32 expressions (``db * grid * sign`` or ``dl * (grid + delta)``) so
-the result is bit-identical to ``gguf.quants.dequantize``. The quantizers are in iq2_quant and iq3_quant.
+the result is bit-identical to ``gguf.quants.dequantize``. The quantizers are in iq1_quant, iq2_quant and
+iq3_quant.
 Block layouts (ggml-common.h), all 256 weights:
   IQ2_XXS {f16 d; u16 qs[32]}                                   66 bytes
   IQ2_XS  {f16 d; u16 qs[32]; u8 scales[8]}                     74 bytes
@@ -20,7 +21,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
 
-from llama_quant.formats import iq2_quant, iq3_quant
+from llama_quant.formats import iq1_quant, iq2_quant, iq3_quant
 from llama_quant.formats.common import F16_TO_F32
 from llama_quant.formats.drivers import dequantize_blocks
 from llama_quant.formats.grids import (
@@ -225,6 +226,8 @@ class IQ2_XS(BlockFormat, qtype=GGMLQuantizationType.IQ2_XS):
 
 
 class IQ2_S(BlockFormat, qtype=GGMLQuantizationType.IQ2_S):
+    quantize_kernel = staticmethod(iq2_quant.quantize_iq2_s)
+    quantize_ref = staticmethod(qref.quantize_iq2_s)
     dequantize_kernel = staticmethod(dequantize_iq2_s)
     dequantize_ref = staticmethod(ref.dequantize_iq2_s)
 
@@ -245,10 +248,14 @@ class IQ3_S(BlockFormat, qtype=GGMLQuantizationType.IQ3_S):
 
 class IQ1_S(BlockFormat, qtype=GGMLQuantizationType.IQ1_S):
     requires_imatrix = True
+    quantize_kernel = staticmethod(iq1_quant.quantize_iq1_s)
+    quantize_ref = staticmethod(qref.quantize_iq1_s)
     dequantize_kernel = staticmethod(dequantize_iq1_s)
     dequantize_ref = staticmethod(ref.dequantize_iq1_s)
 
 
 class IQ1_M(BlockFormat, qtype=GGMLQuantizationType.IQ1_M):
+    quantize_kernel = staticmethod(iq1_quant.quantize_iq1_m)
+    quantize_ref = staticmethod(qref.quantize_iq1_m)
     dequantize_kernel = staticmethod(dequantize_iq1_m)
     dequantize_ref = staticmethod(ref.dequantize_iq1_m)

@@ -9,10 +9,18 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llama_quant.formats import iq2_quant, iq3_quant
+from llama_quant.formats import iq1_quant, iq2_quant, iq3_quant
 from llama_quant.formats.iq_grid_init import grid_tables
 
-__all__ = ["quantize_iq2_xs", "quantize_iq2_xxs", "quantize_iq3_s", "quantize_iq3_xxs"]
+__all__ = [
+    "quantize_iq1_m",
+    "quantize_iq1_s",
+    "quantize_iq2_s",
+    "quantize_iq2_xs",
+    "quantize_iq2_xxs",
+    "quantize_iq3_s",
+    "quantize_iq3_xxs",
+]
 
 
 def _rows(row, qtype, type_size, x, qw, nrows, ncols, out) -> None:
@@ -25,12 +33,24 @@ def _rows(row, qtype, type_size, x, qw, nrows, ncols, out) -> None:
         )
 
 
+def quantize_iq1_s(x, qw, nrows, ncols, out) -> None:
+    _rows(iq1_quant._iq1_s_row, T.IQ1_S, 50, x, qw, nrows, ncols, out)
+
+
+def quantize_iq1_m(x, qw, nrows, ncols, out) -> None:
+    _rows(iq1_quant._iq1_m_row, T.IQ1_M, 56, x, qw, nrows, ncols, out)
+
+
 def quantize_iq2_xxs(x, qw, nrows, ncols, out) -> None:
     _rows(iq2_quant._iq2_xxs_row, T.IQ2_XXS, 66, x, qw, nrows, ncols, out)
 
 
 def quantize_iq2_xs(x, qw, nrows, ncols, out) -> None:
     _rows(iq2_quant._iq2_xs_row, T.IQ2_XS, 74, x, qw, nrows, ncols, out)
+
+
+def quantize_iq2_s(x, qw, nrows, ncols, out) -> None:
+    _rows(iq2_quant._iq2_s_row, T.IQ2_S, 82, x, qw, nrows, ncols, out)
 
 
 def quantize_iq3_xxs(x, qw, nrows, ncols, out) -> None:
