@@ -118,6 +118,19 @@ def test_checkpoints_are_bounded_and_logged(gemma_path: Path, caplog: pytest.Log
     assert ckpts.of(0) == [] and ckpts.nbytes == 0
 
 
+def test_chunks_cut_by_a_busy_step_take_no_checkpoint(gemma_path: Path) -> None:
+    engine = _engine(gemma_path)
+    ckpts = engine.scheduler.checkpoints
+    _drive(engine, PROMPT, 2)
+    before = [c.n_tokens for c in ckpts.of(0)]
+    n = len(PROMPT)
+    assert ckpts.chunk(n - 30, 16, n) == 14 and ckpts.chunk(n - 10, 16, n) == 6  # stops before the end
+    ckpts.before_chunk(0, 1.0, n - 10, 2, n, first=False)  # a chunk cut short near the end: none
+    assert [c.n_tokens for c in ckpts.of(0)] == before
+    ckpts.before_chunk(0, 1.0, n - 10, 2, n, first=True)  # a request's first chunk: one
+    assert [c.n_tokens for c in ckpts.of(0)] == [*before, n - 10]
+
+
 def test_a_borrowed_prefix_brings_its_checkpoints(gemma_path: Path) -> None:
     engine = _engine(gemma_path)
     _drive(engine, PROMPT, 40, slot=0)

@@ -10,8 +10,8 @@ there, as llama-server's context checkpoints (``server_prompt_checkpoint``) do. 
 model's state would be one more pool that cannot roll back: its part of a checkpoint is its state.
 
 When (llama-server's rule without message spans): a prompt is cut into chunks that end ``n_batch`` and
-4 tokens before its end, and a checkpoint is taken before each chunk that starts within ``n_batch``
-tokens of the end, at most ``CheckpointConfig.n_max`` per slot; the oldest go first, and checkpoints
+4 tokens before its end, and a checkpoint is taken at those two points and at the request's first chunk
+when it starts within ``n_batch`` tokens of the end, at most ``CheckpointConfig.n_max`` per slot; the oldest go first, and checkpoints
 closer than ``min_step`` tokens to an earlier one are dropped first when the list is full.
 """
 
@@ -103,16 +103,23 @@ class Checkpoints:
         is due, so the checkpoint is taken before the next chunk."""
         if not self.enabled:
             return n
-        for offset in (_TAIL + self.n_batch, _TAIL):
-            stop = n_prompt - min(self.n_batch, offset)
+        for stop in self._stops(n_prompt):
             if start < stop < start + n:
                 return stop - start
         return n
 
-    def before_chunk(self, seq: int, task: float, start: int, n: int, n_prompt: int) -> None:
+    def _stops(self, n_prompt: int) -> tuple[int, int]:
+        """Where a prompt's chunks stop for a checkpoint, the earlier first."""
+        return n_prompt - min(self.n_batch, _TAIL + self.n_batch), n_prompt - min(self.n_batch, _TAIL)
+
+    def before_chunk(self, seq: int, task: float, start: int, n: int, n_prompt: int, first: bool) -> None:
         """Take a checkpoint of ``seq`` at ``start`` before a chunk of ``n`` prompt tokens runs, when
-        one is due (the chunk starts within a batch of the prompt's end and the cache holds something)."""
+        one is due: the chunk starts within a batch of the prompt's end, the cache holds something, and
+        it is the request's first chunk or starts at one of the stops `chunk` makes (chunks cut short
+        by a busy step's budget take none: a prompt's checkpoints stay few)."""
         if not self.enabled or start <= 0 or n_prompt >= start + n + self.n_batch:
+            return
+        if not first and start not in self._stops(n_prompt):
             return
         new = self._take(seq, task, start)
         if new is not None:

@@ -340,7 +340,7 @@ class Scheduler:
     def _schedule_prompt(self, s: Slot) -> None:
         start = len(s.tokens)
         n = self.checkpoints.chunk(start, min(len(s.prompt) - start, self._builder.room), len(s.prompt))
-        self.checkpoints.before_chunk(s.id, s.t_start, start, n, len(s.prompt))
+        self.checkpoints.before_chunk(s.id, s.t_start, start, n, len(s.prompt), start == s.n_cached)
         last = start + n == len(s.prompt)
         self._builder.add_chunk(
             s.id, s.prompt[start : start + n], start, n - 1 if last else 0, n if last else 0
