@@ -6,6 +6,7 @@ import click
 import pytest
 from conftest import smollm2_path
 
+from gguf_io import open as open_gguf
 from llama_engine.arch import load_model
 from llama_server.cli import build_config, main
 from llama_server.model_overrides import open_with_overrides, parse_override_kv
@@ -50,3 +51,31 @@ def test_flags_are_accepted_on_the_command_line():
     bad = main.make_context("llama-server", ["-m", str(smollm2_path()), "--override-kv", "x=int:y"])
     with pytest.raises(click.UsageError, match="override-kv"):
         build_config(bad.params)
+
+
+def test_rope_scaling_flags_reach_the_model():
+    path = str(smollm2_path())
+    args = ["-m", path, "--rope-scaling", "yarn", "--rope-freq-scale", "0.25", "--yarn-orig-ctx", "2048"]
+    cfg = build_config(main.make_context("llama-server", [*args, "--yarn-beta-fast", "16"]).params)
+    assert cfg.override_kv == (
+        ("llama.rope.scaling.type", "yarn"),
+        ("llama.rope.scaling.factor", 4.0),
+        ("llama.rope.scaling.original_context_length", 2048),
+        ("llama.rope.scaling.yarn_beta_fast", 16.0),
+    )
+    model = load_model(open_with_overrides(path, cfg.override_kv, None))
+    s = model.rope_scaling
+    assert (s.freq_scale, s.ext_factor, s.n_ctx_orig, s.beta_fast, s.beta_slow) == (
+        0.25,
+        1.0,
+        2048,
+        16.0,
+        1.0,
+    )
+    linear = build_config(main.make_context("llama-server", ["-m", path, "--rope-scale", "2"]).params)
+    assert load_model(open_with_overrides(path, linear.override_kv, None)).rope_scaling.freq_scale == 0.5
+    plain = build_config(main.make_context("llama-server", ["-m", path, "--yarn-ext-factor", "-1"]).params)
+    assert plain.override_kv == ()  # negative: llama.cpp's "not set"
+    assert load_model(open_gguf(path)).rope_scaling.freq_scale == 1.0
+    with pytest.raises(click.BadParameter):
+        main.make_context("llama-server", ["-m", path, "--rope-scaling", "longrope"])

@@ -40,6 +40,7 @@ from .cli_values import (
 from .config import ServerConfig, bundled_model_path
 from .listen import bind_all, host_list
 from .lora import lora_from_flags
+from .rope_flags import rope_options, rope_overrides
 from .speculative_flags import build_spec_config, spec_options
 from .structured import default_grammar
 
@@ -329,7 +330,7 @@ def _opts(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return cache_options(spec_options(_ignored_options(tools_options(cors_options(f)))))
+    return rope_options(cache_options(spec_options(_ignored_options(tools_options(cors_options(f))))))
 
 
 def build_config(kw: dict[str, Any]) -> ServerConfig:
@@ -460,7 +461,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         reasoning_budget=kw["reasoning_budget"],
         reasoning_budget_message=kw["reasoning_budget_message"],
         special=kw["special"],
-        override_kv=override_kv(kw["override_kv"]),
+        override_kv=override_kv(kw["override_kv"]) + rope_overrides(kw, model),
         rope_freq_base=kw["rope_freq_base"],
         spm_infill=kw["spm_infill"],
         prefill_assistant=kw["prefill_assistant"],

@@ -13,6 +13,7 @@ kernel set (chosen once, at load). Every step writes into one `Workspace` per mo
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import mmap
 import threading
@@ -30,6 +31,7 @@ from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
 from ..lora import LoraAdapter
+from .rope_scaling import rope_scaling
 from .workspace import EMPTY, Rows, Workspace
 
 __all__ = [
@@ -136,6 +138,7 @@ class DecoderModel:
         self._tile_cols = ops.tiles_for(self.kernels)  # the attention's many-lane tile width
         self.header = gguf.header
         self.config = self.make_config(gguf.header)
+        self.rope_scaling = rope_scaling(gguf.metadata, gguf.header.architecture, self.config.n_ctx_train)
         self._gguf = gguf
         self.tok_embd_type = gguf.tensors["token_embd.weight"].ggml_type
         self._tok_embd_raw = gguf.tensor_bytes("token_embd.weight")
@@ -145,7 +148,7 @@ class DecoderModel:
         output = self.matrix("output.weight") or self.matrix("token_embd.weight")  # tied when absent
         assert output is not None
         self.output: ExactMatrix = output
-        self._rope: dict[float, np.ndarray] = {}
+        self._rope: dict[tuple[float, bool], np.ndarray] = {}  # by (base, sliding-window layer)
         self._scales = np.float32(self.q_scale()), np.float32(self.kq_scale())
         self._ws: Workspace | None = None
         # LoRA adapters applied to this forward pass, with their scales (set by the engine between steps)
@@ -301,11 +304,16 @@ class DecoderModel:
 
     def rope_cache(self, il: int, n_pos: int) -> np.ndarray:
         c = self.config
-        base = c.rope_base_swa if il in c.swa_layers else c.rope_base
-        table = self._rope.get(base)
+        swa = il in c.swa_layers
+        base = c.rope_base_swa if swa else c.rope_base
+        table = self._rope.get((base, swa))
         if table is None or len(table) < n_pos:
-            table = ops.rope_cache(max(n_pos, 4096), c.rope_dims, base)
-            self._rope[base] = table
+            scaling = self.rope_scaling
+            if swa:  # llama.cpp: sliding-window layers keep their own freq_scale (1 unless set)
+                scaling = dataclasses.replace(scaling, freq_scale=1.0)
+            args = scaling.table_args(c.rope_dims, base)
+            table = ops.rope_cache(max(n_pos, 4096), c.rope_dims, base, **args)
+            self._rope[(base, swa)] = table
         return table
 
     def shift_k(self, il: int, k: np.ndarray, cells: np.ndarray, delta: int) -> None:

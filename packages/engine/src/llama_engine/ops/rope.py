@@ -1,4 +1,6 @@
-"""Rotary position embeddings as ggml_rope computes them (no YaRN): the cos/sin table and the rotation."""
+"""Rotary position embeddings as ggml_rope computes them: the cos/sin table (with ggml's rope_yarn: linear
+frequency scaling, YaRN's ramp between interpolation and extrapolation, the magnitude factor) and the
+rotation."""
 
 from __future__ import annotations
 
@@ -9,40 +11,94 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["ROPE_NEOX", "ROPE_NORM", "rope", "rope_cache", "rope_cols"]
+__all__ = ["ROPE_NEOX", "ROPE_NORM", "logf", "rope", "rope_cache", "rope_cols", "yarn_corr_dims"]
 
 ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama
 ROPE_NEOX = 2  # rotate halves (x[i], x[i + n/2]): gemma3, qwen2/3, phi3 (GGML_ROPE_TYPE_NEOX)
 
 
-def rope_cache(n_pos: int, n_dims: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:
-    """cos/sin table [n_pos, n_dims/2, 2] exactly as ggml_rope_cache_init builds it (no YaRN): theta
-    starts at the position and is multiplied by theta_scale = powf(base, -2/n_dims) step by step, in
-    float32; cosf/sinf are the C library's (numba calls them for float32 arguments)."""
+def rope_cache(
+    n_pos: int,
+    n_dims: int,
+    freq_base: float,
+    freq_scale: float = 1.0,
+    *,
+    ext_factor: float = 0.0,
+    attn_factor: float = 1.0,
+    corr_dims: tuple[float, float] = (0.0, 0.0),
+) -> np.ndarray:
+    """cos/sin table [n_pos, n_dims/2, 2] exactly as ggml_rope_cache_init builds it: theta starts at the
+    position and is multiplied by theta_scale = powf(base, -2/n_dims) step by step, in float32; each entry
+    is ggml's rope_yarn (freq_scale * theta, mixed with the unscaled theta by the YaRN ramp over corr_dims
+    when ext_factor != 0, cos and sin times attn_factor, itself times 1 + 0.1 ln(1/freq_scale) then);
+    cosf/sinf/logf are the C library's (numba calls them for float32 arguments)."""
     theta_scale = _powf(np.float32(freq_base), np.float32(-2.0) / np.float32(n_dims))
+    fs, ext = np.float32(freq_scale), np.float32(ext_factor)
+    mscale = np.float32(attn_factor)
+    if ext != 0:
+        mscale = mscale * (np.float32(1.0) + np.float32(0.1) * logf(np.float32(1.0) / fs))
+    low, high = np.float32(corr_dims[0]), np.float32(corr_dims[1])
     out = np.empty((n_pos, n_dims // 2, 2), np.float32)
-    _rope_cache(out, n_pos, n_dims // 2, np.float32(theta_scale), np.float32(freq_scale))
+    _rope_cache(out, n_pos, n_dims // 2, np.float32(theta_scale), fs, ext, np.float32(mscale), low, high)
     return out
+
+
+def yarn_corr_dims(
+    n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float
+) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the dimensions where the YaRN ramp starts and ends, in float32."""
+
+    def corr_dim(n_rot: float) -> np.float32:
+        ratio = np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2) * np.float32(math.pi))
+        return np.float32(n_dims) * logf(ratio) / (np.float32(2) * logf(np.float32(freq_base)))
+
+    start = np.floor(corr_dim(beta_fast))
+    end = np.ceil(corr_dim(beta_slow))
+    return float(max(np.float32(0), start)), float(min(np.float32(n_dims - 1), end))
+
+
+def _libm() -> ctypes.CDLL:
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.powf.restype = libm.logf.restype = ctypes.c_float
+    libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+    libm.logf.argtypes = [ctypes.c_float]
+    return libm
 
 
 def _powf(x: np.float32, y: np.float32) -> np.float32:
     """The C library's powf (ggml's), which numpy's float32 power need not equal."""
-    libm = ctypes.CDLL(ctypes.util.find_library("m"))
-    libm.powf.restype = ctypes.c_float
-    libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
-    return np.float32(libm.powf(float(x), float(y)))
+    return np.float32(_libm().powf(float(x), float(y)))
+
+
+def logf(x: np.float32) -> np.float32:
+    """The C library's logf (ggml's)."""
+    return np.float32(_libm().logf(float(x)))
 
 
 @numba.njit(cache=True, nogil=True)
 def _rope_cache(
-    out: np.ndarray, n_pos: int, half: int, theta_scale: np.float32, freq_scale: np.float32
+    out: np.ndarray,
+    n_pos: int,
+    half: int,
+    theta_scale: np.float32,
+    freq_scale: np.float32,
+    ext_factor: np.float32,
+    mscale: np.float32,
+    low: np.float32,
+    high: np.float32,
 ) -> None:
+    one, zero = np.float32(1.0), np.float32(0.0)
+    span = max(np.float32(0.001), high - low)
     for p in range(n_pos):
         theta = np.float32(p)
         for i in range(half):
-            t = freq_scale * theta
-            out[p, i, 0] = math.cos(t)
-            out[p, i, 1] = math.sin(t)
+            t = freq_scale * theta  # theta_interp
+            if ext_factor != zero:  # rope_yarn_ramp(low, high, i0) with i0 / 2 == i
+                y = (np.float32(i) - low) / span
+                ramp = (one - min(one, max(zero, y))) * ext_factor
+                t = t * (one - ramp) + theta * ramp
+            out[p, i, 0] = math.cos(t) * mscale
+            out[p, i, 1] = math.sin(t) * mscale
             theta = theta * theta_scale
 
 
