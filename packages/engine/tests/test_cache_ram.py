@@ -86,3 +86,13 @@ def test_idle_slots_are_saved_and_cleared_when_a_request_starts(path: Path) -> N
     assert len(cache.states) == 1 and cache.states[0].tokens[: len(A)] == A
     out, cached = _drive(engine, A, slot=0)
     assert cached == len(A) - 1 and out == ref
+
+
+def test_without_a_size_limit_a_context_of_tokens_is_kept(path: Path) -> None:
+    engine = _engine(path, cache_ram_mib=-1)
+    cache = engine.scheduler.prompt_cache
+    assert cache is not None and cache.limit == 0
+    for i in range(8):  # 8 prompts of 41 tokens through one slot: each evicts the one before
+        _drive(engine, [256, *range(i * 20, i * 20 + 40)], 2)
+    assert 0 < cache.n_tokens <= engine.kv.n_ctx < cache.n_tokens + 42
+    assert cache.states[-1].tokens[1] == 6 * 20  # the newest saved is the one before the last

@@ -124,6 +124,7 @@ class PromptCache:
             old = self.states.pop(0)
             log.info("prompt cache: making room, removing the oldest entry (%.3f MiB)", old.nbytes / _MIB)
         self.states.append(entry)
+        self._limit_tokens()
         log.info(
             "prompt cache: saved slot %d, %d tokens, %.3f MiB (%d states, %.3f MiB)",
             seq,
@@ -133,6 +134,16 @@ class PromptCache:
             self.nbytes / _MIB,
         )
         return True
+
+    def _limit_tokens(self) -> None:
+        """Keep at most a context's worth of tokens, or as many as the size limit holds at the current
+        bytes per token when that is more (llama-server's token limit)."""
+        limit = self.kv.n_ctx
+        if self.limit:
+            per_token = max(1.0, self.nbytes / max(1, self.n_tokens))
+            limit = max(limit, int(self.limit / per_token))
+        while len(self.states) > 1 and self.n_tokens > limit:
+            self.states.pop(0)
 
     def best(self, cached: list[int], lora: tuple[float, ...], prompt: list[int]) -> CachedPrompt | None:
         """The saved state that keeps more of itself and matches more of ``prompt`` than the slot's own
