@@ -79,3 +79,30 @@ def test_rope_scaling_flags_reach_the_model():
     assert load_model(open_gguf(path)).rope_scaling.freq_scale == 1.0
     with pytest.raises(click.BadParameter):
         main.make_context("llama-server", ["-m", path, "--rope-scaling", "longrope"])
+
+
+def test_log_flags_shape_the_lines(capsys):
+    import logging
+    import re
+
+    from llama_server.logs import setup_logging
+
+    def lines(*args: str) -> str:
+        kw = main.make_context("llama-server", ["-m", str(smollm2_path()), *args]).params
+        setup_logging(kw)
+        logging.getLogger("llama_server").info("hello")
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    try:
+        assert lines() == "INFO llama_server: hello"
+        assert lines("--no-log-prefix") == "hello"
+        assert re.fullmatch(
+            r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO llama_server: hello", lines("--log-timestamps")
+        )
+        assert lines("--log-colors", "on") == "\x1b[32mINFO\x1b[0m llama_server: hello"
+        assert lines("--log-colors", "auto") == "INFO llama_server: hello"  # not a terminal
+        assert lines("--log-jsonl", "--log-colors", "on") == '{"level":"INFO","msg":"hello"}'
+        with pytest.raises(click.BadParameter):
+            lines("--log-colors", "sometimes")
+    finally:
+        logging.basicConfig(level=logging.WARNING, force=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import signal
 import sys
@@ -39,6 +38,7 @@ from .cli_values import (
 )
 from .config import ServerConfig, bundled_model_path
 from .listen import bind_all, host_list
+from .logs import log_options, setup_logging
 from .lora import lora_from_flags
 from .rope_flags import rope_options, rope_overrides
 from .speculative_flags import build_spec_config, spec_options
@@ -67,9 +67,6 @@ IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("--threads-http",), True),
     (("-sps", "--slot-prompt-similarity"), True),
     (("-bs", "--backend-sampling", "--backend_sampling"), False),
-    (("--log-colors",), True),
-    (("--log-prefix",), False),
-    (("--log-timestamps",), False),
     (("--no-host",), False),
     (("--repack",), False),
     (("-nr", "--no-repack"), False),
@@ -330,7 +327,9 @@ def _opts(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return rope_options(cache_options(spec_options(_ignored_options(tools_options(cors_options(f))))))
+    return log_options(
+        rope_options(cache_options(spec_options(_ignored_options(tools_options(cors_options(f))))))
+    )
 
 
 def build_config(kw: dict[str, Any]) -> ServerConfig:
@@ -490,27 +489,6 @@ def _download(kw: dict[str, Any]) -> str:
         raise click.UsageError(str(e)) from None
 
 
-def _setup_logging(kw: dict[str, Any]) -> str:
-    if kw["log_disable"]:
-        logging.disable(logging.CRITICAL)
-        return "critical"
-    level = logging.DEBUG if kw["verbose"] or kw["verbosity"] >= 4 else logging.INFO
-    if kw["verbosity"] <= 1:
-        level = logging.ERROR
-    elif kw["verbosity"] == 2:
-        level = logging.WARNING
-    fmt = (
-        '{"level":"%(levelname)s","msg":"%(message)s"}'
-        if kw["log_jsonl"]
-        else "%(levelname)s %(name)s: %(message)s"
-    )
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if kw["log_file"]:
-        handlers.append(logging.FileHandler(kw["log_file"]))
-    logging.basicConfig(level=level, format=fmt, handlers=handlers, force=True)
-    return logging.getLevelName(level).lower()
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @_opts
 def main(**kw: Any) -> None:
@@ -528,7 +506,7 @@ def main(**kw: Any) -> None:
     cfg = build_config(kw)
     if os.environ.get("AIP_MODE") == "PREDICTION":  # Vertex AI: the platform names the port
         cfg = dataclasses.replace(cfg, port=int(os.environ.get("AIP_HTTP_PORT") or 8080))
-    log_level = _setup_logging(kw)
+    log_level = setup_logging(kw)
     hosts = host_list(kw["host"])
     sockets = None
     if len(hosts) > 1 or (cfg.port == 0 and not cfg.host.endswith(".sock")):
