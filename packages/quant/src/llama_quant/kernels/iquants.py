@@ -1,8 +1,7 @@
 """Exact kernels for the i-quants and the ternary types: IQ4_NL, MXFP4, IQ4_XS, TQ1_0, TQ2_0 and the grid
 types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, each against its vec_dot type as ggml's generic
 ``ggml_vec_dot_*_generic`` (ggml-cpu/quants.c) computes it. The integers each product uses come from
-``ref_iquants.decode``; this module stores them for kernels the other families already have, or for
-IQ4_XS's own:
+``ref_iquants.decode``; this module stores them for the Q8_0 kernels or for its own:
 
 - IQ4_NL, MXFP4 (Q8_0 activations): per block ``sumf += (d_x * d_w) * sumi``, Q8_0's float step
   (``sumi * (d_w * d_x)``: the same products), so the rows are widened at load to Q8_0 blocks of their
@@ -10,14 +9,13 @@ IQ4_XS's own:
   power of two that fp16 may not hold, kept in f32 for ``blocks32.mv_q8``).
 - TQ1_0, TQ2_0 and the grid types (Q8_K activations): one exact integer sum per super-block,
   ``bsum = sum of scale * sumi`` (TQ: scale 1), then ``sumf += (d_w * d_y) * bsum`` and at the end
-  ``*s = c * sumf`` (c = 0.125 for IQ2_*, 0.25 for IQ3_XXS, else 1). That is Q2_K's float step with no
-  mins (``kquants.mv_k8`` kind 2, min terms zero: ``x - 0 == x``), and c, a power of two, is folded into
-  the stored d (scaling by 2^-k commutes with every f32 rounding here). IQ1_S / IQ1_M add
+  ``*s = c * sumf`` (c = 0.125 for IQ2_*, 0.25 for IQ3_XXS, else 1): ``mv_iq`` on int8 tiles, with c, a
+  power of two, folded into the stored d (scaling by 2^-k commutes with every f32 rounding here). IQ1_S / IQ1_M add
   ``IQ1_DELTA * sumi1`` (0.125 times the scaled sums of the activations under each delta sign): stored as
   the values ``8 * grid + delta`` with 0.125 folded into d, ``sumi + 0.125 * sumi1 = (8 sumi + sumi1) / 8``
   is exact in f32 (|8 sumi + sumi1| < 2^24), so the product is unchanged.
-- IQ4_XS (Q8_K): per 32 values ``sumf += (d4d8 * (ls - 32)) * sumi`` with ``d4d8 = d_w * d_y``:
-  ``mv_iq4xs`` on int8 tiles.
+- IQ4_XS (Q8_K): per 32 values ``sumf += (d4d8 * (ls - 32)) * sumi`` with ``d4d8 = d_w * d_y``: ``mv_iq``
+  on the same int8 tiles.
 """
 
 from __future__ import annotations
@@ -33,9 +31,9 @@ from . import ref_iquants
 from ._tiles import N_CHUNKS, TILE_ROWS, row_minor, tile_rows
 from .blocks32 import _store
 
-__all__ = ["GRID_KINDS", "iq4_nl_as_q8_0", "mv_iq4xs", "mxfp4_q8_tiles", "pack_grid", "pack_iq4xs"]
+__all__ = ["GRID_KINDS", "iq4_nl_as_q8_0", "mv_iq", "mxfp4_q8_tiles", "pack_iq"]
 
-# types run by ``kquants.mv_k8`` kind 2, with the factor folded into their stored d
+# the types ``mv_iq`` runs with ``grid``, with the factor folded into their stored d
 GRID_KINDS = {**ref_iquants.GRID_TYPES, T.TQ1_0: 1.0, T.TQ2_0: 1.0, T.IQ1_S: 0.125, T.IQ1_M: 0.125}
 _PACK_ROWS = 16 * TILE_ROWS  # rows decoded at once while packing (bounds the int64 scratch)
 
@@ -80,54 +78,78 @@ def _decoded_tiles(qtype: T, raw: np.ndarray, rows: int, cols: int) -> dict[str,
     return parts
 
 
-def pack_grid(qtype: T, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
-    """TQ / grid rows -> ``kquants.mv_k8``'s arrays (q, sc, mn, d, dmin) for kind 2: int8 values, int8
-    scales per 16 values, d with the type's factor folded in; mn and dmin zero."""
+def pack_iq(qtype: T, raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
+    """IQ4_XS, TQ or grid rows -> ``mv_iq``'s tiles: q int8 [G, cols * 64], sc int8 [G, cols / 16 * 64] (the
+    integer scale of each 16 values; IQ4_XS: ``ls - 32`` of each 32, [G, cols / 32 * 64]), d f32
+    [G, nsb * 64] with the type's factor folded in."""
     parts = _decoded_tiles(qtype, raw, rows, cols)
-    q, sc, d = (np.concatenate(parts[k]) for k in ("q", "sc", "d"))
-    return q, sc, np.zeros_like(sc), d, np.zeros_like(d)
-
-
-def pack_iq4xs(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
-    """IQ4_XS rows -> (q int8 [G, cols*64], sc int8 = ls - 32 [G, cols/32*64], d f32 [G, nsb*64])."""
-    parts = _decoded_tiles(T.IQ4_XS, raw, rows, cols)
     return tuple(np.concatenate(parts[k]) for k in ("q", "sc", "d"))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _dot(acc, q, xq, xo, m, R):  # pragma: no cover - numba
+    """acc[k] = the exact integer sum of q * x over the m values from xo of the tile's rows k (int8 values
+    |q| <= 127 against Q8_K quants: two products still fit int16, widened once per pair)."""
+    for k in range(R):
+        acc[k] = 0
+    for j in range(uint64(0), uint64(m), uint64(2)):
+        x0 = int16(xq[xo + j])
+        x1 = int16(xq[xo + j + uint64(1)])
+        o = (xo + j) * R
+        for k in range(R):
+            acc[k] += int32(int16(q[o + k]) * x0 + int16(q[o + R + k]) * x1)
 
 
 @numba.njit(cache=True, nogil=True)
 def _tile_iq4xs(y, q, sc, d, xq, xd, nsb, acc, dd, R):  # pragma: no cover - numba
+    """IQ4_XS: per 32 values ``sumf += (d4d8 * (ls - 32)) * sumi``, d4d8 = d_w * d_y per super-block."""
     for k in range(R):
         y[k] = float32(0.0)
     for s in range(uint64(nsb)):
         dy = xd[s]
         for k in range(R):
-            dd[k] = d[s * R + k] * dy  # d4d8
+            dd[k] = d[s * R + k] * dy
         for b in range(uint64(8)):
-            for k in range(R):
-                acc[k] = 0
-            xo = s * uint64(256) + b * uint64(32)
-            for j in range(uint64(0), uint64(32), uint64(2)):
-                x0 = int16(xq[xo + j])
-                x1 = int16(xq[xo + j + uint64(1)])
-                o = (xo + j) * R
-                for k in range(R):
-                    # |kvalue| <= 127: two products still fit int16
-                    acc[k] += int32(int16(q[o + k]) * x0 + int16(q[o + R + k]) * x1)
+            _dot(acc, q, xq, s * uint64(256) + b * uint64(32), 32, R)
             so = (s * uint64(8) + b) * R
             for k in range(R):
                 y[k] = y[k] + (dd[k] * float32(sc[so + k])) * float32(acc[k])
 
 
+@numba.njit(cache=True, nogil=True)
+def _tile_grid(y, q, sc, d, xq, xd, nsb, acc, isum, R):  # pragma: no cover - numba
+    """TQ and grid types: ``bsum = sum of scale * sumi`` per super-block (exact int32), then
+    ``sumf += (d_w * d_y) * bsum`` (the factor already in d)."""
+    for k in range(R):
+        y[k] = float32(0.0)
+    for s in range(uint64(nsb)):
+        for k in range(R):
+            isum[k] = 0
+        for j in range(uint64(16)):
+            _dot(acc, q, xq, s * uint64(256) + j * uint64(16), 16, R)
+            so = (s * uint64(16) + j) * R
+            for k in range(R):
+                isum[k] += int32(sc[so + k]) * acc[k]
+        dy = xd[s]
+        for k in range(R):
+            y[k] = y[k] + (d[s * R + k] * dy) * float32(isum[k])
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def mv_iq4xs(out, q, sc, d, xq, xd, xsum, n, rows, nsb):  # pragma: no cover - numba
-    """IQ4_XS: out[n, rows] = X @ W.T with X as Q8_K (xq [n, cols], xd [n, nsb]; xsum unused)."""
+def mv_iq(out, q, sc, d, xq, xd, xsum, n, rows, nsb, grid):  # pragma: no cover - numba
+    """IQ4_XS (grid False) or a TQ / grid type: out[n, rows] = X @ W.T with X as Q8_K (xq [n, cols],
+    xd [n, nsb]; xsum unused), the tiles of ``pack_iq4xs`` / ``pack_grid``."""
     G = q.shape[0]
     R = uint64(d.shape[1] // nsb)
     for c in prange(N_CHUNKS):
         acc = np.empty(R, np.int32)
+        scratch = np.empty(R, np.int32)
         dd = np.empty(R, np.float32)
         y = np.empty(R, np.float32)
         for g in range(G * c // N_CHUNKS, G * (c + 1) // N_CHUNKS):
             for t in range(n):
-                _tile_iq4xs(y, q[g], sc[g], d[g], xq[t], xd[t], nsb, acc, dd, R)
+                if grid:
+                    _tile_grid(y, q[g], sc[g], d[g], xq[t], xd[t], nsb, acc, scratch, R)
+                else:
+                    _tile_iq4xs(y, q[g], sc[g], d[g], xq[t], xd[t], nsb, acc, dd, R)
                 _store(out, y, t, g, rows, R)

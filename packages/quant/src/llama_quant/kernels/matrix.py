@@ -221,11 +221,9 @@ def _iq(qtype: T) -> _Spec:
     if qtype == T.MXFP4:  # portable Q8_0 tiles with f32 scales (an e8m0 scale may not fit fp16)
         mv = lambda a, o, x, n, r, nb: blocks32.mv_q8(o, *a, x[0], x[1], n, r, nb)  # type: ignore[call-arg]  # noqa: E731
         return _Spec(32, bb, "q8", iquants.mxfp4_q8_tiles, mv)
-    if qtype == T.IQ4_XS:
-        mv = lambda a, o, x, n, r, nb: iquants.mv_iq4xs(o, *a, *x, n, r, nb)  # type: ignore[call-arg]  # noqa: E731
-        return _Spec(256, bb, "q8k", iquants.pack_iq4xs, mv)
-    pk = lambda raw, r, c: iquants.pack_grid(qtype, raw, r, c)  # noqa: E731
-    return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: kquants.mv_k8(o, *a, *x, n, r, nb, 2))  # type: ignore[call-arg]
+    grid = qtype != T.IQ4_XS
+    pk = lambda raw, r, c: iquants.pack_iq(qtype, raw, r, c)  # noqa: E731
+    return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: iquants.mv_iq(o, *a, *x, n, r, nb, grid))  # type: ignore[call-arg]
 
 
 def _k(qtype: T, bb: int, ks: KernelSet) -> _Spec:
