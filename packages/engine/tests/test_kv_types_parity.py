@@ -4,9 +4,9 @@ The oracle is llama.cpp's generic-kernel build (test_engine_parity) with the sam
 ``flash_attn_type``, its attention rotation of block-type caches on (its default). Tolerance: none, every
 logit of the prompt and of each greedy step is equal to the bit.
 
-Prompts stay under 64 tokens and contexts under 512 cells: there ggml's flash attention for f16/f32 K and V
-of one type switches to its tiled and split-KV variants, which the engine does not reproduce
-(docs/kv-cache.md).
+A prompt of 64 tokens or more with flash attention and f16/f32 K and V takes ggml's tiled kernel (the
+``LONG`` cases); contexts stay under 512 cells, where its decode would switch to the split-KV variant the
+engine does not reproduce (docs/kv-cache.md).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ TINY_PAIRS = [
     ("q5_0", "f32", "on"),
     ("bf16", "q5_1", "on"),
 ]
+LONG = [("f16", "f16", "on"), ("f32", "f32", "on"), ("f32", "f16", "on"), ("q8_0", "q8_0", "on")]
 REAL_PAIRS = [
     ("q8_0", "q8_0", "on"),
     ("q4_0", "f16", "off"),
@@ -83,9 +84,9 @@ class TypedOracle(tp.Oracle):
         self.lc.llama_model_free(self.model)
 
 
-def _check(path: Path, model, type_k: str, type_v: str, fa: str, n_gen: int) -> None:
+def _check(path: Path, model, type_k: str, type_v: str, fa: str, n_gen: int, prompt=PROMPT) -> None:
     flash = resolve_flash_attn(fa, type_k, type_v, model.config.head_dim)
-    ids = [i % model.config.n_vocab for i in PROMPT]
+    ids = [i % model.config.n_vocab for i in prompt]
     oracle = TypedOracle(path, type_k, type_v, flash)
     try:
         expected, ref_logits = oracle.greedy(ids, n_gen)
@@ -113,6 +114,11 @@ def tiny64(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, obj
 @pytest.mark.parametrize(("type_k", "type_v", "fa"), TINY_PAIRS)
 def test_tiny_model_logits_equal_llama_cpp(tiny64, type_k: str, type_v: str, fa: str) -> None:
     _check(*tiny64, type_k, type_v, fa, n_gen=8)
+
+
+@pytest.mark.parametrize(("type_k", "type_v", "fa"), LONG)
+def test_tiled_flash_attention_on_a_long_prompt(tiny64, type_k: str, type_v: str, fa: str) -> None:
+    _check(*tiny64, type_k, type_v, fa, n_gen=4, prompt=PROMPT * 4)  # 80 tokens: ggml's tiled kernel
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,12 @@ from numba import float32, float64, prange, uint64
 from llama_quant.formats.common import get_f16
 from llama_quant.formats.iq4 import KVALUES_IQ4NL, _dq_iq4_nl
 from llama_quant.formats.legacy import _dq_q4_0, _dq_q4_1, _dq_q5_0, _dq_q5_1, _dq_q8_0
-from llama_quant.kernels.act import bf16_round, f16_round, quantize_q8
+from llama_quant.kernels.act import quantize_q8
 from llama_quant.kernels.blocks32 import _tile_q4, _tile_q5, _tile_q8
 
-from ._intrinsics import bits_f32
+from ._intrinsics import bits_f32, f32_bits, round_f16
 from .attention import _softmax_sse2, prepare_qkv
+from .expf import expf_sse2
 
 __all__ = [
     "KIND_BF16",
@@ -46,6 +47,7 @@ __all__ = [
 # the KVType codes (llama_engine.kv_types)
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
 _Q8_0, _Q4_0, _Q4_1, _IQ4_NL, _Q5_0, _Q5_1 = 3, 4, 5, 6, 7, 8
+_Q_TILE, _KV_TILE = 64, 64  # GGML_FA_TILE_Q, GGML_FA_TILE_KV
 _F32_AS_F16 = 9  # flash attention casts an f32 K or V to f16 first (build_attn_mha's ggml_cast)
 _BLOCK_BYTES = np.array([4, 2, 2, 34, 18, 20, 18, 22, 24, 4], np.int64)  # per value (floats) or per 32
 
@@ -139,15 +141,19 @@ def attention_typed(  # type: ignore[no-untyped-def]
     qr, xq, xd, xs, xsum = _ready(q, n, nq, kind_k)
     kb = kc.reshape(kc.shape[0], -1).view(np.uint8)
     vb = vc.reshape(vc.shape[0], -1).view(np.uint8)
+    # ggml's tiled kernel: f16 K and V (f32 ones are cast to f16) and a batch of _Q_TILE tokens or more
+    tiled = flash and n >= _Q_TILE and kind_k in (KIND_F16, _F32_AS_F16) and kind_v in (KIND_F16, _F32_AS_F16)
+    if tiled:
+        qr = np.ascontiguousarray(q[:n, :nq], np.float32)  # the tiled kernel keeps q in f32
     _run(
         out, qr, xq, xd, xs, xsum, kb, vb, cells, lo, hi, n, n_head, n_head_kv, head_dim,
-        np.float32(kq_scale), kind_k, kind_v, flash,
+        np.float32(kq_scale), kind_k, kind_v, flash, tiled,
     )  # fmt: skip
 
 
 def _ready(q: np.ndarray, n: int, nq: int, kind_k: int):  # type: ignore[no-untyped-def]
     """q in K's vec_dot type: rounded floats for f16/bf16 (qr), Q8_0/Q8_1 blocks for the block types."""
-    qr = np.ascontiguousarray(q[:n, :nq], np.float32)
+    qr = np.array(q[:n, :nq], np.float32)  # a copy: rounding it in place must leave q as it is
     nb = 0 if _is_float(kind_k) else nq // 32
     xq = np.zeros((n, nb * 32), np.int8)
     xd = np.zeros((n, nb), np.float32)
@@ -170,13 +176,29 @@ def _scaled(q, qkv, n, nq, s):  # type: ignore[no-untyped-def]
             q[t, i] = x
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _f16r(x):  # type: ignore[no-untyped-def]
+    """fp32 -> fp16 (nearest even) -> fp32, one register conversion each way (exact)."""
+    return round_f16(x)  # type: ignore[call-arg]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bf16r(x):  # type: ignore[no-untyped-def]
+    """ggml_compute_fp32_to_bf16 and back: round to nearest even, a NaN kept quiet."""
+    u = f32_bits(x)  # type: ignore[call-arg,var-annotated]
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return bits_f32((u | np.uint32(0x00400000)) & np.uint32(0xFFFF0000))  # type: ignore[call-arg]
+    r = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)) << np.uint32(16)
+    return bits_f32(r)  # type: ignore[call-arg]
+
+
 @numba.njit(cache=True, nogil=True)
 def _round_q(qr, n, nq, kind):  # type: ignore[no-untyped-def]
     if kind == KIND_F32:
         return
     for t in range(n):
         for i in range(nq):
-            qr[t, i] = bf16_round(qr[t, i]) if kind == KIND_BF16 else f16_round(qr[t, i])
+            qr[t, i] = _bf16r(qr[t, i]) if kind == KIND_BF16 else _f16r(qr[t, i])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -185,7 +207,7 @@ def _float_at(b, o, kind):  # type: ignore[no-untyped-def]
     if kind == KIND_F16:
         return get_f16(b, o)
     if kind == _F32_AS_F16:
-        return f16_round(_f32_at(b, o))
+        return _f16r(_f32_at(b, o))
     if kind == KIND_BF16:
         return bits_f32((np.uint32(b[o]) | (np.uint32(b[o + 1]) << np.uint32(8))) << np.uint32(16))  # type: ignore[call-arg]
     return _f32_at(b, o)
@@ -319,12 +341,17 @@ def _run(
     kind_k,
     kind_v,
     flash,
+    tiled,
 ):  # type: ignore[no-untyped-def]
     """One job per (token, query head), in parallel: each is independent, as ggml's rows of q."""
     for job in prange(n * n_head):
         t = job // n_head
         h = job % n_head
-        if flash:
+        if tiled:
+            _tiled_row(
+                out, qr, kb, vb, cells, lo[t], hi[t], t, h, n_head, n_head_kv, head_dim, scale, kind_k, kind_v
+            )
+        elif flash:
             _flash_row(
                 out,
                 qr,
@@ -424,12 +451,12 @@ def _flash_row(
             big_m = s
             ms = float32(math.exp(m_old - big_m))
             for d in range(head_dim):
-                acc[d] = f16_round(acc[d] * ms) if f16v else acc[d] * ms
+                acc[d] = _f16r(acc[d] * ms) if f16v else acc[d] * ms
         else:
             vs = float32(math.exp(s - big_m))
         _v_row(v32, vb[c], vo, kind_v, head_dim)
         for d in range(head_dim):
-            acc[d] = f16_round(acc[d] + v32[d] * vs) if f16v else acc[d] + v32[d] * vs
+            acc[d] = _f16r(acc[d] + v32[d] * vs) if f16v else acc[d] + v32[d] * vs
         big_s = big_s * ms + vs
     inv = float32(0.0) if big_s == float32(0.0) else float32(1.0) / big_s
     for d in range(head_dim):
@@ -476,11 +503,74 @@ def _mha_row(
     for j in range(length):
         p = w[j] * inv
         if kind_v == KIND_F16:
-            p = f16_round(p)
+            p = _f16r(p)
         elif kind_v == KIND_BF16:
-            p = bf16_round(p)
+            p = _bf16r(p)
         _v_row(v32, vb[cells[jlo + j]], vo, kind_v, head_dim)
         for d in range(head_dim):
             acc[d] += float64(p * v32[d])  # f16/bf16 products are exact in float; f32 ones rounded
     for d in range(head_dim):
         out[t, qo + d] = float32(acc[d])
+
+
+@numba.njit(cache=True, nogil=True)
+def _tiled_row(out, q, kb, vb, cells, jlo, jhi, t, h, n_head, n_head_kv, head_dim, scale, kind_k, kind_v):  # type: ignore[no-untyped-def]
+    """ggml_compute_forward_flash_attn_ext_tiled for one row of q, without SIMD: the cells in tiles of
+    _KV_TILE by cell index; per tile K.Q as f32 sums in order (q kept in f32, K widened), scaled; the
+    running max and libm expf rescaling; the tile's exponentials through ggml_v_expf, summed as
+    ggml_vec_soft_max_f32 (SSE2 groups of four, in double) into S; the weighted V rows added in f32 in
+    order (simd_gemm's scalar form). Masked cells are -inf in KQ: zero weights, which leave every sum
+    as it is."""
+    ko, vo = _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v)
+    qo = h * head_dim
+    wk, wv = _BLOCK_BYTES[kind_k], _BLOCK_BYTES[kind_v]
+    kq = np.empty(_KV_TILE, np.float32)
+    slot_j = np.empty(_KV_TILE, np.int64)  # the range index j of each visible slot, -1 when masked
+    acc = np.zeros(head_dim, np.float32)
+    big_s = float32(0.0)
+    big_m = float32(-np.inf)
+    j = jlo
+    while j < jhi:
+        tile = cells[j] // _KV_TILE
+        for i in range(_KV_TILE):
+            slot_j[i] = -1
+        while j < jhi and cells[j] // _KV_TILE == tile:
+            slot_j[cells[j] % _KV_TILE] = j
+            j += 1
+        tile_max = float32(-np.inf)
+        for i in range(_KV_TILE):
+            kq[i] = float32(-np.inf)
+            if slot_j[i] >= 0:
+                row = kb[cells[slot_j[i]]]
+                sacc = float32(0.0)
+                for d in range(head_dim):
+                    sacc = sacc + q[t, qo + d] * _float_at(row, ko + d * wk, kind_k)
+                kq[i] = sacc * scale
+            tile_max = tile_max if tile_max > kq[i] else kq[i]
+        if tile_max == float32(-np.inf):
+            continue
+        m_new = max(big_m, tile_max)
+        if m_new > big_m:
+            ms = float32(math.exp(big_m - m_new))
+            for d in range(head_dim):
+                acc[d] = acc[d] * ms
+            big_s = big_s * ms
+        big_m = m_new
+        total = 0.0
+        for g in range(0, _KV_TILE, 4):
+            e = np.zeros(4, np.float32)
+            for i in range(4):
+                if slot_j[g + i] >= 0:
+                    e[i] = expf_sse2(kq[g + i] - m_new)
+                kq[g + i] = e[i]
+            total += float64((e[0] + e[1]) + (e[2] + e[3]))
+        big_s = float32(float64(big_s) + total)
+        for d in range(head_dim):
+            a = acc[d]
+            for i in range(_KV_TILE):
+                if slot_j[i] >= 0:
+                    a = a + kq[i] * _float_at(vb[cells[slot_j[i]]], vo + d * wv, kind_v)
+            acc[d] = a
+    inv = float32(0.0) if big_s == float32(0.0) else float32(1.0) / big_s
+    for d in range(head_dim):
+        out[t, qo + d] = acc[d] * inv
