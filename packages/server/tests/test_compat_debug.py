@@ -156,12 +156,18 @@ def test_return_progress_on_completions_and_responses(c):
     chunks = _events(c.post("/v1/completions", json=body))
     _check_progress(_progress(chunks), cached=False)
     assert all(ch["choices"][0]["text"] == "" for ch in chunks if "prompt_progress" in ch)
-    resp = {"input": prompt, "max_output_tokens": 2, "stream": True, "return_progress": True}
-    events = _events(c.post("/v1/responses", json=resp))
+    resp = {"input": prompt, "max_output_tokens": 4, "stream": True, "return_progress": True}
+    events = _events(c.post("/v1/responses", json={**resp, "timings_per_token": True}))
     prog = [e for e in events if "prompt_progress" in e]
     assert prog and all(e["type"] == "response.in_progress" for e in prog)
     assert prog[-1]["prompt_progress"]["processed"] == prog[-1]["prompt_progress"]["total"]
-    assert events[-1]["type"] == "response.completed"
+    # llama-server's telemetry: timings on the last event of each token, and on response.completed
+    assert any(e["type"] == "response.output_text.delta" and "timings" in e for e in events)
+    done = events[-1]
+    assert done["type"] == "response.completed" and "usage" in done["response"]
+    assert done["timings"]["predicted_n"] == 4 and done["timings"]["prompt_per_second"] >= 0
+    plain = _events(c.post("/v1/responses", json={**resp, "return_progress": False}))
+    assert not any("timings" in e for e in plain[:-1]) and "timings" in plain[-1]
 
 
 def _check_post_probs(entries: list[dict[str, Any]], n_probs: int) -> None:

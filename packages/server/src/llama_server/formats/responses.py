@@ -10,7 +10,7 @@ from llama_engine.tokenizer import Tokenizer
 
 from ..chat_parser import Diff, Parsed, ToolCall
 from ..controllers._common import now
-from ..generation import Choice, random_id
+from ..generation import ApiTimings, Choice, random_id, timings_out
 from ..streaming import Formatter
 from .chat import Parsing
 from .progress import PromptProgress, progress_out
@@ -110,8 +110,9 @@ class CompletedResponse(Struct, gc=False):
     usage: ResponsesUsage
 
 
-class _Event(Struct, tag_field="type", gc=False):
-    pass
+class _Event(Struct, tag_field="type", kw_only=True, gc=False):
+    # llama-server: on the last event of a token with timings_per_token, and on response.completed
+    timings: ApiTimings | UnsetType = UNSET
 
 
 class Created(_Event, tag="response.created"):
@@ -205,12 +206,16 @@ class ResponsesFormatter(Formatter):
         return [Created(head), InProgress(head)]
 
     def progress(self, index: int, ev: ProgressEvent) -> list[Struct]:
-        return [InProgress(ResponseHead(self.id, "response", "in_progress"), progress_out(ev))]
+        tm = timings_out(ev.timings) if ev.timings is not None else UNSET
+        return [InProgress(ResponseHead(self.id, "response", "in_progress"), progress_out(ev), timings=tm)]
 
-    def token(self, index: int, ev: TokenEvent) -> list[Struct]:
-        return self._emit(self.stream.feed(ev.text, final=False))
+    def token(self, index: int, ev: TokenEvent) -> list[_Event]:
+        out = self._emit(self.stream.feed(ev.text, final=False))
+        if out and ev.timings is not None:
+            out[-1].timings = timings_out(ev.timings)
+        return out
 
-    def final(self, index: int, ev: FinalEvent) -> list[Struct]:
+    def final(self, index: int, ev: FinalEvent) -> list[_Event]:
         d = self.stream.feed(ev.text, final=True)
         out = self._emit(d)
         output = self._output(d.parsed)
@@ -225,10 +230,10 @@ class ResponsesFormatter(Formatter):
                 ]
         usage = ResponsesUsage.of(ev)
         done = CompletedResponse(self.id, "response", self.created, "completed", self.model, output, usage)
-        return [*out, Completed(done)]
+        return [*out, Completed(done, timings=timings_out(ev.timings))]
 
-    def _emit(self, d: Diff) -> list[Struct]:
-        out: list[Struct] = []
+    def _emit(self, d: Diff) -> list[_Event]:
+        out: list[_Event] = []
         if d.reasoning:
             if "rs" not in self.opened:
                 self.opened.add("rs")
