@@ -26,6 +26,7 @@ from llama_quant import dequantize
 from llama_quant.imatrix import load_imatrix
 from llama_quant.mixture import FILE_TYPES, FileType, MixtureParams, parse_file_type, parse_ggml_type
 from llama_quant.plan import QuantizeError, QuantizeOptions, describe, ensure_distinct, run_quantize
+from llama_quant.progress import TensorProgress
 from llama_quant.rewrite import parse_kv_override, parse_prune_layers
 
 __all__ = ["compare_files", "main"]
@@ -46,6 +47,12 @@ def _usage_text() -> str:
         num = f"{ft.ftype:2d}  or  " if ft.name != "COPY" else "          "
         lines.append(f"  {num}{ft.name:<7s} : {ft.desc}")
     return "\n".join(lines)
+
+
+def _input_mib(path: str) -> float:
+    """The input's tensor data in MiB (what the progress bar counts)."""
+    with gguf_io.open(path) as f:
+        return sum(t.nbytes for t in f.tensors.values()) / 1048576
 
 
 def _ggml_type(value: str, what: str):
@@ -208,7 +215,11 @@ def quantize_command(
     target = "" if out is None else f" to '{out}'"
     threads = f" using {nthread} threads" if nthread > 0 else ""
     click.echo(f"{action} '{inp}'{target} as {ft.name}{threads}")
-    summary = run_quantize(inp, out, ft.ftype, opts, log=click.echo)
+    progress = TensorProgress(click.echo, _input_mib(inp))
+    try:
+        summary = run_quantize(inp, out, ft.ftype, opts, log=progress)
+    finally:
+        progress.close()
     for line in describe(summary):
         click.echo(line)
 
