@@ -251,6 +251,7 @@ def create_app(config: RouterConfig) -> Any:
             checker.cancel()
             await app.state.downloads.shutdown()
             await manager.shutdown()
+            await proxy.upstream.aclose()
             await client.aclose()
 
     app = Litestar(

@@ -17,6 +17,7 @@ from llama_tools.auth import key_scope
 from .models import Instance, LoadError, ModelManager
 from .replicas import pick_replica
 from .streams import child_id
+from .upstream import Upstream, UpstreamError, UpstreamUnreachable
 
 __all__ = ["GET_PROXIED", "POST_PROXIED", "Proxy", "is_proxied", "send_error"]
 
@@ -58,7 +59,17 @@ POST_PROXIED = frozenset(
 )
 GET_PROXIED = frozenset({"/metrics", "/lora-adapters", "/slots", "/props"})
 _DROP_REQUEST = frozenset(
-    {b"accept-encoding", b"content-length", b"transfer-encoding", b"host", b"authorization", b"x-api-key"}
+    [
+        *(
+            b"accept-encoding",
+            b"content-length",
+            b"transfer-encoding",
+            b"host",
+            b"authorization",
+            b"x-api-key",
+        ),
+        *(b"connection", b"keep-alive", b"expect", b"te", b"upgrade"),  # hop by hop: the relay's own
+    ]
 )
 _DROP_RESPONSE = frozenset({b"server", b"transfer-encoding", b"content-length", b"keep-alive", b"connection"})
 JSON = b"application/json; charset=utf-8"
@@ -120,6 +131,7 @@ class Proxy:
         self.manager = manager
         self.client = client
         self.conversations: Any = None  # set by the app: the conv_id -> model map
+        self.upstream = Upstream()  # the relay's own client: the per-chunk cost is the router's overhead
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         method, _path = scope["method"], scope["path"]
@@ -225,8 +237,7 @@ class Proxy:
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _DROP_REQUEST]
         if key:
             headers.append((b"authorization", b"Bearer " + key.encode()))
-        req = self.client.build_request(scope["method"], url, headers=headers, content=body or None)
-        task = asyncio.ensure_future(self._stream(req, send, retry))
+        task = asyncio.ensure_future(self._stream(scope["method"], url, headers, body, send, retry))
         await asyncio.wait({task, disconnected}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():  # client gone: closing our side of the child connection cancels the work there
             task.cancel()
@@ -235,31 +246,32 @@ class Proxy:
             return
         task.result()
 
-    async def _stream(self, req: httpx.Request, send: Any, retry: bool = False) -> None:
+    async def _stream(
+        self, method: str, url: str, headers: list[Any], body: bytes, send: Any, retry: bool = False
+    ) -> None:
         try:
-            resp = await self.client.send(req, stream=True)
-        except httpx.ConnectError as e:
+            resp = await self.upstream.request(method, url, headers, body)
+        except UpstreamUnreachable as e:
             if retry:
                 raise _Unreachable(str(e)) from None
-            await send_error(send, 500, f"proxy error: {e or type(e).__name__}", "server_error")
+            await send_error(send, 500, f"proxy error: {e}", "server_error")
             return
-        except httpx.HTTPError as e:
-            body = f"proxy error: {e or type(e).__name__}".encode()
+        except UpstreamError as e:
             await send(
                 {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]}
             )
-            await send({"type": "http.response.body", "body": body})
+            await send({"type": "http.response.body", "body": f"proxy error: {e}".encode()})
             return
         try:
-            out = [(k, v) for k, v in resp.headers.raw if k.lower() not in _DROP_RESPONSE]
+            out = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
             out = [(k, v) for k, v in out if not k.lower().startswith(b"access-control-")]
-            await send({"type": "http.response.start", "status": resp.status_code, "headers": out})
-            sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+            await send({"type": "http.response.start", "status": resp.status, "headers": out})
+            sse = resp.header(b"content-type").startswith(b"text/event-stream")
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.chunks():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as e:
-                log.warning("the child's response broke off: %s", e or type(e).__name__)
+            except UpstreamError as e:
+                log.warning("the child's response broke off: %s", e)
                 if sse:
                     err = {
                         "error": {"code": 500, "message": "the model's process ended", "type": "server_error"}
