@@ -57,14 +57,14 @@ def test_multi_turn_prompt_n_falls_and_edits_resume_from_a_checkpoint(servers) -
     figures = []
     for question in ("What does box 3 hold?", "And box 5?", "And box 8?"):
         messages.append({"role": "user", "content": question})
-        (reply, t), (ref, _) = _chat(a, messages), _chat(b, messages)
+        (reply, t), (ref, t_ref) = _chat(a, messages), _chat(b, messages)
         assert reply == ref
-        figures.append((t["prompt_n"], t["cache_n"]))
+        figures.append((t["prompt_n"], t["cache_n"], t_ref["prompt_n"], t_ref["cache_n"]))
         messages.append({"role": "assistant", "content": reply})
-    print("prompt_n, cache_n per turn:", figures)
+    print("prompt_n, cache_n per turn (and with -ctxcp 0):", figures)
     first_n = figures[0][0]
     assert first_n > 512  # longer than the window
-    for n, cached in figures[1:]:
+    for n, cached, *_ in figures[1:]:
         assert n < 64 and cached > first_n  # about the new turn's tokens (and the reply before it)
     # another conversation on slot 1 fills the shared window pool: slot 0 keeps only its last window
     for c in (a, b):
