@@ -228,24 +228,23 @@ def _is_float(kind):  # type: ignore[no-untyped-def]
 @numba.njit(cache=True, nogil=True)
 def _kq(row, ko, kind, head_dim, qr, xq, xd, xs, xsum, t, qo, sc):  # type: ignore[no-untyped-def]
     """K.Q of one cache row's head (from byte ko) with token t's head at value qo: ggml's vec_dot of the
-    K type, as float32. ``sc`` is a scratch tuple (qs, qh, d, m, q8, y, acc16, acc16b, acc32)."""
+    K type, as float32. ``sc`` is a scratch tuple (``_make_scratch``)."""
+    _k_decode(row, ko, kind, head_dim, sc)
+    return _k_dot(kind, head_dim, sc, qr, xq, xd, xs, xsum, t, qo)
+
+
+@numba.njit(cache=True, nogil=True)
+def _k_decode(row, ko, kind, head_dim, sc):  # type: ignore[no-untyped-def]
+    """One cache row's head (from byte ko) into the scratch: float values exactly (kf), or a block type's
+    fields as llama-quant's block kernels take one row (qs, qh, d, m, or int8 values q8)."""
+    qs, qh, d, m, q8, _y, _acc, _acc2, _acc32, kf = sc
     if _is_float(kind):
         w = _BLOCK_BYTES[kind]
-        s = 0.0
         for i in range(head_dim):
-            s += float64(_float_at(row, ko + i * w, kind) * qr[t, qo + i])
-        return float32(s)
-    qs, qh, d, m, q8, y, acc, acc2, acc32 = sc
-    nb = head_dim // 32
+            kf[i] = _float_at(row, ko + i * w, kind)
+        return
     bb = _BLOCK_BYTES[kind]
-    b0 = qo // 32
-    xqt, xdt, xst, xsumt = (
-        xq[t, qo : qo + head_dim],
-        xd[t, b0 : b0 + nb],
-        xs[t, b0 : b0 + nb],
-        xsum[t, 2 * b0 :],
-    )
-    for b in range(nb):
+    for b in range(head_dim // 32):
         o = ko + b * bb
         d[b] = get_f16(row, o)
         if kind in (_Q4_1, _Q5_1):
@@ -268,6 +267,25 @@ def _kq(row, ko, kind, head_dim, qr, xq, xd, xs, xsum, t, qo, sc):  # type: igno
                 qh[b * 4 + j] = row[o + h + j]
             for j in range(16):
                 qs[b * 16 + j] = row[o + h + 4 + j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _k_dot(kind, head_dim, sc, qr, xq, xd, xs, xsum, t, qo):  # type: ignore[no-untyped-def]
+    """The decoded row (``_k_decode``) . token t's head at value qo, as K's vec_dot computes it."""
+    qs, qh, d, m, q8, y, acc, acc2, acc32, kf = sc
+    if _is_float(kind):
+        s = 0.0
+        for i in range(head_dim):
+            s += float64(kf[i] * qr[t, qo + i])  # f16/bf16 products exact in float; f32 ones rounded
+        return float32(s)
+    nb = head_dim // 32
+    b0 = qo // 32
+    xqt, xdt, xst, xsumt = (
+        xq[t, qo : qo + head_dim],
+        xd[t, b0 : b0 + nb],
+        xs[t, b0 : b0 + nb],
+        xsum[t, 2 * b0 :],
+    )
     one = uint64(1)
     if kind in (_Q8_0, _IQ4_NL):
         _tile_q8(y, q8, d, xqt, xdt, nb, acc32, one)
@@ -317,6 +335,7 @@ def _make_scratch(head_dim):  # type: ignore[no-untyped-def]
         np.zeros(1, np.int16),
         np.zeros(1, np.int16),
         np.zeros(1, np.int32),
+        np.zeros(head_dim, np.float32),
     )
 
 
@@ -343,58 +362,29 @@ def _run(
     flash,
     tiled,
 ):  # type: ignore[no-untyped-def]
-    """One job per (token, query head), in parallel: each is independent, as ggml's rows of q."""
-    for job in prange(n * n_head):
-        t = job // n_head
-        h = job % n_head
-        if tiled:
+    """One job per token and KV head (its query heads read each K and V row once), or per token and query
+    head for the tiled kernel, in parallel: every row of q is computed on its own, as in ggml."""
+    if tiled:
+        for job in prange(n * n_head):
+            t = job // n_head
+            h = job % n_head
             _tiled_row(
                 out, qr, kb, vb, cells, lo[t], hi[t], t, h, n_head, n_head_kv, head_dim, scale, kind_k, kind_v
             )
-        elif flash:
-            _flash_row(
-                out,
-                qr,
-                xq,
-                xd,
-                xs,
-                xsum,
-                kb,
-                vb,
-                cells,
-                lo[t],
-                hi[t],
-                t,
-                h,
-                n_head,
-                n_head_kv,
-                head_dim,
-                scale,
-                kind_k,
-                kind_v,
-            )
+        return
+    for job in prange(n * n_head_kv):
+        t = job // n_head_kv
+        kh = job % n_head_kv
+        if flash:
+            _flash_rows(
+                out, qr, xq, xd, xs, xsum, kb, vb, cells, lo[t], hi[t], t, kh, n_head // n_head_kv, head_dim,
+                scale, kind_k, kind_v,
+            )  # fmt: skip
         else:
-            _mha_row(
-                out,
-                qr,
-                xq,
-                xd,
-                xs,
-                xsum,
-                kb,
-                vb,
-                cells,
-                lo[t],
-                hi[t],
-                t,
-                h,
-                n_head,
-                n_head_kv,
-                head_dim,
-                scale,
-                kind_k,
-                kind_v,
-            )
+            _mha_rows(
+                out, qr, xq, xd, xs, xsum, kb, vb, cells, lo[t], hi[t], t, kh, n_head // n_head_kv, head_dim,
+                scale, kind_k, kind_v,
+            )  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True)
@@ -409,108 +399,87 @@ def _head_bytes(kind, head_dim):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _flash_row(
-    out,
-    qr,
-    xq,
-    xd,
-    xs,
-    xsum,
-    kb,
-    vb,
-    cells,
-    jlo,
-    jhi,
-    t,
-    h,
-    n_head,
-    n_head_kv,
-    head_dim,
-    scale,
-    kind_k,
-    kind_v,
+def _flash_rows(
+    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v
 ):  # type: ignore[no-untyped-def]
-    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one row of q (no mask values, sinks or
-    softcap: the cells outside [jlo, jhi) are the masked ones ggml skips)."""
-    ko, vo = _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v)
-    qo = h * head_dim
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for the rows of q of token t's query heads over
+    KV head kh (no mask values, sinks or softcap: the cells outside [jlo, jhi) are the masked ones ggml
+    skips); each head keeps its own running max, sum and accumulator."""
+    ko, vo = kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
     sc = _make_scratch(head_dim)
-    acc = np.zeros(head_dim, np.float32)  # VKQ32, or VKQ16's values (each an f16) for an f16 V
+    acc = np.zeros((group, head_dim), np.float32)  # VKQ32, or VKQ16's values (each an f16) for an f16 V
     v32 = np.empty(head_dim, np.float32)
-    big_s = float32(0.0)
-    big_m = float32(-np.inf)
+    big_s = np.zeros(group, np.float32)
+    big_m = np.full(group, -np.inf, np.float32)
     f16v = kind_v in (KIND_F16, _F32_AS_F16)
     for j in range(jlo, jhi):
         c = cells[j]
-        s = _kq(kb[c], ko, kind_k, head_dim, qr, xq, xd, xs, xsum, t, qo, sc)
-        s = s * scale
-        ms = float32(1.0)
-        vs = float32(1.0)
-        if s > big_m:
-            m_old = big_m
-            big_m = s
-            ms = float32(math.exp(m_old - big_m))
-            for d in range(head_dim):
-                acc[d] = _f16r(acc[d] * ms) if f16v else acc[d] * ms
-        else:
-            vs = float32(math.exp(s - big_m))
+        _k_decode(kb[c], ko, kind_k, head_dim, sc)
         _v_row(v32, vb[c], vo, kind_v, head_dim)
+        for g in range(group):
+            s = _k_dot(kind_k, head_dim, sc, qr, xq, xd, xs, xsum, t, (kh * group + g) * head_dim)
+            s = s * scale
+            ms = float32(1.0)
+            vs = float32(1.0)
+            a = acc[g]
+            if s > big_m[g]:
+                m_old = big_m[g]
+                big_m[g] = s
+                ms = float32(math.exp(m_old - s))
+                for d in range(head_dim):
+                    a[d] = _f16r(a[d] * ms) if f16v else a[d] * ms
+            else:
+                vs = float32(math.exp(s - big_m[g]))
+            for d in range(head_dim):
+                a[d] = _f16r(a[d] + v32[d] * vs) if f16v else a[d] + v32[d] * vs
+            big_s[g] = big_s[g] * ms + vs
+    for g in range(group):
+        inv = float32(0.0) if big_s[g] == float32(0.0) else float32(1.0) / big_s[g]
+        qo = (kh * group + g) * head_dim
         for d in range(head_dim):
-            acc[d] = _f16r(acc[d] + v32[d] * vs) if f16v else acc[d] + v32[d] * vs
-        big_s = big_s * ms + vs
-    inv = float32(0.0) if big_s == float32(0.0) else float32(1.0) / big_s
-    for d in range(head_dim):
-        out[t, qo + d] = acc[d] * inv
+            out[t, qo + d] = acc[g, d] * inv
 
 
 @numba.njit(cache=True, nogil=True)
-def _mha_row(
-    out,
-    qr,
-    xq,
-    xd,
-    xs,
-    xsum,
-    kb,
-    vb,
-    cells,
-    jlo,
-    jhi,
-    t,
-    h,
-    n_head,
-    n_head_kv,
-    head_dim,
-    scale,
-    kind_k,
-    kind_v,
+def _mha_rows(
+    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v
 ):  # type: ignore[no-untyped-def]
-    """mul_mat(k, q) -> soft_max_ext -> mul_mat(v, kq) for one row of q, as ``attention``: KQ scaled in
-    float, ggml_v_expf softmax, the probabilities converted to V's type, the products summed in double."""
-    ko, vo = _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v)
-    qo = h * head_dim
+    """mul_mat(k, q) -> soft_max_ext -> mul_mat(v, kq) for the rows of q of token t's query heads over KV
+    head kh, as ``attention``: KQ scaled in float, ggml_v_expf softmax, the probabilities converted to V's
+    type, the products summed in double."""
+    ko, vo = kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
     sc = _make_scratch(head_dim)
     length = jhi - jlo
-    w = np.empty(max(length, 1), np.float32)
-    mx = float32(-np.inf)
+    w = np.empty((group, max(length, 1)), np.float32)
+    mx = np.full(group, -np.inf, np.float32)
     for j in range(length):
-        w[j] = _kq(kb[cells[jlo + j]], ko, kind_k, head_dim, qr, xq, xd, xs, xsum, t, qo, sc) * scale
-        if w[j] > mx:
-            mx = w[j]
-    inv = _softmax_sse2(w, 0, length, mx)
-    acc = np.zeros(head_dim, np.float64)
+        _k_decode(kb[cells[jlo + j]], ko, kind_k, head_dim, sc)
+        for g in range(group):
+            w[g, j] = (
+                _k_dot(kind_k, head_dim, sc, qr, xq, xd, xs, xsum, t, (kh * group + g) * head_dim) * scale
+            )
+            if w[g, j] > mx[g]:
+                mx[g] = w[g, j]
+    inv = np.empty(group, np.float32)
+    for g in range(group):
+        inv[g] = _softmax_sse2(w[g], 0, length, mx[g])
+    acc = np.zeros((group, head_dim), np.float64)
     v32 = np.empty(head_dim, np.float32)
     for j in range(length):
-        p = w[j] * inv
-        if kind_v == KIND_F16:
-            p = _f16r(p)
-        elif kind_v == KIND_BF16:
-            p = _bf16r(p)
         _v_row(v32, vb[cells[jlo + j]], vo, kind_v, head_dim)
+        for g in range(group):
+            p = w[g, j] * inv[g]
+            if kind_v == KIND_F16:
+                p = _f16r(p)
+            elif kind_v == KIND_BF16:
+                p = _bf16r(p)
+            a = acc[g]
+            for d in range(head_dim):
+                a[d] += float64(p * v32[d])  # f16/bf16 products are exact in float; f32 ones rounded
+    for g in range(group):
+        qo = (kh * group + g) * head_dim
         for d in range(head_dim):
-            acc[d] += float64(p * v32[d])  # f16/bf16 products are exact in float; f32 ones rounded
-    for d in range(head_dim):
-        out[t, qo + d] = float32(acc[d])
+            out[t, qo + d] = float32(acc[g, d])
 
 
 @numba.njit(cache=True, nogil=True)
