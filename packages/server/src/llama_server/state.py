@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from llama_engine import Engine, EngineConfig, FinalEvent
 from llama_engine.warmup import warm_sampling
+from llama_quant.filetypes import F as LlamaFileType
 
 from .builtin_templates import make_template
 from .config import ServerConfig
@@ -232,22 +233,10 @@ class ServerState:
         }
 
 
-_FTYPES = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    7: "Q8_0",
-    8: "Q5_0",
-    9: "Q5_1",
-    10: "Q2_K",
-    12: "Q3_K_M",
-    15: "Q4_K_M",
-    17: "Q5_K_M",
-    18: "Q6_K",
-    32: "BF16",
-}
-
-
 def _ftype_name(ft: int | None) -> str:
-    return _FTYPES.get(ft if ft is not None else -1, f"ftype {ft}")
+    """llama-quantize's name of a file type (`general.file_type`)."""
+    try:
+        name = LlamaFileType(ft if ft is not None else -1).name
+    except ValueError:
+        return f"ftype {ft}"
+    return "F32" if name == "ALL_F32" else name
