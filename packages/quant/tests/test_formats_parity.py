@@ -12,6 +12,10 @@ import llama_quant as lq
 pytestmark = [pytest.mark.parity, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 QUANTIZE = [t for t in lq.QUANTIZE_TYPES if t != gguf.GGMLQuantizationType.F32]
+# ggml's grid searches assert (abort the process) when NaN makes every neighbour's distance NaN
+_NAN_ABORTS = {
+    getattr(gguf.GGMLQuantizationType, n) for n in ("IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_M")
+}
 
 
 def _cols(qtype) -> list[int]:
@@ -47,7 +51,8 @@ def test_quantize_many_rows(ggml, qtype):
     # more rows than threads, so that the parallel row split is exercised
     x = make_matrix("normal", 67, 512, seed=7)
     qw = make_imatrix(512, seed=7)
-    assert np.array_equal(lq.quantize(x, qtype), ggml.quantize(x, qtype))
+    if not lq.requires_imatrix(qtype):  # ggml asserts without one
+        assert np.array_equal(lq.quantize(x, qtype), ggml.quantize(x, qtype))
     assert np.array_equal(lq.quantize(x, qtype, imatrix=qw), ggml.quantize(x, qtype, qw))
 
 
@@ -63,7 +68,7 @@ def test_f32_copy(ggml):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("qtype", QUANTIZE, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in QUANTIZE if t not in _NAN_ABORTS], ids=lambda t: t.name)
 def test_non_finite_weights_match_ggml(ggml, qtype):
     # NaN / inf weights: not meaningful, but the bytes still follow the C code
     x = make_matrix("normal", 4, 512, seed=11)
@@ -73,7 +78,8 @@ def test_non_finite_weights_match_ggml(ggml, qtype):
     x[3, 300:310] = np.nan
     x[3, 511] = np.nan
     qw = make_imatrix(512, seed=11)
-    assert np.array_equal(lq.quantize(x, qtype), ggml.quantize(x, qtype))
+    if not lq.requires_imatrix(qtype):
+        assert np.array_equal(lq.quantize(x, qtype), ggml.quantize(x, qtype))
     assert np.array_equal(lq.quantize(x, qtype, imatrix=qw), ggml.quantize(x, qtype, qw))
 
 
@@ -86,5 +92,6 @@ def test_random_shapes_match_ggml(ggml, qtype):
         cols = bs * int(rng.integers(1, 12))
         x = (rng.standard_normal((rows, cols)) * rng.uniform(1e-3, 1e2)).astype(np.float32)
         qw = (rng.random(cols) + 1e-3).astype(np.float32)
-        assert np.array_equal(lq.quantize(x, qtype), ggml.quantize(x, qtype)), (rows, cols)
+        if not lq.requires_imatrix(qtype):
+            assert np.array_equal(lq.quantize(x, qtype), ggml.quantize(x, qtype)), (rows, cols)
         assert np.array_equal(lq.quantize(x, qtype, imatrix=qw), ggml.quantize(x, qtype, qw)), (rows, cols)
