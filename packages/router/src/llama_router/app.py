@@ -267,6 +267,7 @@ def create_app(config: RouterConfig) -> Any:
     )  # fmt: skip
     app.state.manager = manager
     app.state.client = client
+    app.state.upstream = proxy.upstream
     app.state.conversations = convs
     app.state.downloads = Downloads(manager)
     return Edge(_Dispatch(app, proxy), config, ui_files)

@@ -15,11 +15,14 @@ import itertools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from litestar import Request, Response, delete, get, post
 from litestar.response import Stream
 from llama_tools.auth import key_scope
+
+from .upstream import Upstream, UpstreamError
 
 __all__ = ["ConversationMap", "child_id", "stream_routes"]
 
@@ -87,32 +90,32 @@ async def get_stream(request: Request) -> Response | Stream:
         return _error(503, "Stream owner model is loading, retry later", "unavailable_error")
     if inst is None or inst.status != "loaded":
         return _error(404, "Stream not found or expired", "not_found_error")
-    client: httpx.AsyncClient = request.app.state.client
     params = {"conv_id": cid}
     if "from" in request.query_params:
         params["from"] = request.query_params["from"]
-    req = client.build_request(
-        "GET", inst.base_url + "/v1/stream", params=params, headers=_child_headers(inst)
-    )
+    url = inst.base_url + "/v1/stream?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+    headers = [(k.lower().encode(), v.encode()) for k, v in _child_headers(inst).items()]
+    upstream: Upstream = request.app.state.upstream  # the proxied routes' relay client
     try:
-        resp = await client.send(req, stream=True)
-    except httpx.HTTPError as e:
+        resp = await upstream.request("GET", url, headers)
+        if not resp.header(b"content-type").startswith(b"text/event-stream"):
+            body = await resp.aread()
+            await resp.aclose()
+            media = resp.header(b"content-type").decode("latin-1") or JSON
+            return Response(body, status_code=resp.status, media_type=media)
+    except UpstreamError as e:
         return Response(f"proxy error: {e}", status_code=500, media_type="text/plain")
-    if not resp.headers.get("content-type", "").startswith("text/event-stream"):
-        body = await resp.aread()
-        await resp.aclose()
-        return Response(body, status_code=resp.status_code, media_type=resp.headers.get("content-type", JSON))
 
     async def relay() -> AsyncIterator[bytes]:
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.chunks():
                 yield chunk
-        except httpx.HTTPError:
+        except UpstreamError:
             return
         finally:
-            await resp.aclose()
+            await resp.aclose()  # a reader that went away closes the connection: the child's reader ends
 
-    return Stream(relay(), status_code=resp.status_code, media_type="text/event-stream")
+    return Stream(relay(), status_code=resp.status, media_type="text/event-stream")
 
 
 @post("/v1/streams/lookup", status_code=200)
