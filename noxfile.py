@@ -33,7 +33,7 @@ PACKAGES: dict[str, list[str]] = {
     "webui": [],
     "tools": [],
     "server": ["gguf-io", "quant", "engine", "webui", "tools"],
-    "router": ["tools"],
+    "router": ["webui", "tools"],
 }
 # Packages a package's tests need beyond its own dependencies (the router's tests start llama-server children)
 TEST_PACKAGES: dict[str, list[str]] = {"router": ["server"]}

@@ -126,5 +126,10 @@ def test_cache_types(captured):
     r = CliRunner().invoke(main, ["-ctk", "f32"], env={"LLAMA_ARG_CACHE_TYPE_V": "f32"})
     assert r.exit_code == 0, r.output
     assert (_cfg(captured).cache_type_k, _cfg(captured).cache_type_v) == ("f32", "f32")
-    r = CliRunner().invoke(main, ["--cache-type-v", "q4_0"])
-    assert r.exit_code != 0 and "'q4_0' is not supported" in r.output
+    r = CliRunner().invoke(main, ["--cache-type-v", "q3_k"])
+    assert r.exit_code != 0 and "Unsupported cache type: q3_k" in r.output
+    r = CliRunner().invoke(main, ["-ctk", "q8_0", "-ctv", "q4_0"])  # -fa auto turns flash attention on
+    assert r.exit_code == 0, r.output
+    assert (_cfg(captured).cache_type_k, _cfg(captured).cache_type_v) == ("q8_0", "q4_0")
+    r = CliRunner().invoke(main, ["-fa", "off", "-ctv", "q4_0"])
+    assert r.exit_code != 0 and "quantized V cache requires flash_attn" in r.output
