@@ -35,7 +35,7 @@ class InstantEngine:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.gguf = SimpleNamespace(metadata={})
+        self.gguf = SimpleNamespace(metadata={}, header=SimpleNamespace(architecture="llama"))
         self.steps = 0
         self.n_waiting = 0
         self.submitted: list = []
@@ -67,7 +67,7 @@ def tokenizer() -> CountingTokenizer:
 @pytest.fixture
 def app(tokenizer):
     engine = InstantEngine(tokenizer)
-    state = ServerState(ServerConfig(model="m.gguf", embeddings=True), engine=engine)
+    state = ServerState(ServerConfig(model="m.gguf", embeddings=True, pooling="mean"), engine=engine)
     with TestClient(create_app(state)) as c:
         c.engine = engine  # type: ignore[attr-defined]
         yield c
