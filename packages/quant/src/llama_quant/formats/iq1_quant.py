@@ -16,16 +16,15 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from llama_quant.formats.common import f32_to_f16, nearest_int, put_f16, sum_sq
+from llama_quant.formats.common import f32_to_f16, put_f16, sum_sq
 from llama_quant.formats.iq_grid_init import grid_tables
-from llama_quant.formats.iq_search import FLT_MAX, block_weights, group_index
+from llama_quant.formats.iq_search import FLT_MAX, block_weights, group_index, scale_code
 
 __all__ = ["quantize_iq1_m", "quantize_iq1_s"]
 
 _f = np.float32
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
-_HALF = np.float32(0.5)
 _XP = np.array([-1 + 0.125, 0.125, 1 + 0.125], np.float32)  # x_p, IQ1S_DELTA = IQ1M_DELTA = 0.125
 _XM = np.array([-1 - 0.125, -0.125, 1 - 0.125], np.float32)  # x_m
 _EPS_S = np.float32(1e-12)  # GROUP_MAX_EPS_IQ1_S
@@ -186,7 +185,7 @@ def _iq1_s_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
             put_f16(yb, 0, d * _FUDGE_S)
             idd = _ONE / d
             for ib in range(8):
-                lv = max(0, min(7, nearest_int(_HALF * (idd * scales[ib] - _ONE))))
+                lv = scale_code(idd, scales[ib], 7)
                 if shifts[ib] == -1:
                     lv |= 8
                 qh[ib] |= lv << 12
@@ -343,7 +342,7 @@ def _iq1_m_scales(xbl, qw, q0, use_qw, sigma2, max_scale, scales, shifts, weight
     sqx = _ZERO
     sq2 = _ZERO
     for ib in range(16):
-        lv = max(0, min(7, nearest_int(_HALF * (idd * scales[ib] - _ONE))))
+        lv = scale_code(idd, scales[ib], 7)
         sc[ib // 4] |= lv << (3 * (ib % 4))
         yb[32 + ib] |= _MASKS_M[shifts[ib]]
         xb = xbl[16 * ib : 16 * ib + 16]

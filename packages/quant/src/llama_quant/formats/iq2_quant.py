@@ -16,13 +16,15 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from llama_quant.formats.common import make_qp_quants, nearest_int, put_f16, sum_sq
+from llama_quant.formats.common import make_qp_quants, put_f16, sum_sq
 from llama_quant.formats.iq_grid_init import grid_tables
 from llama_quant.formats.iq_search import (
     block_weights,
     even_signs,
     group_index,
+    max_of,
     round_levels,
+    scale_code,
     snap_group,
     weighted_sums,
 )
@@ -32,7 +34,6 @@ __all__ = ["quantize_iq2_s", "quantize_iq2_xs", "quantize_iq2_xxs"]
 _f = np.float32
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
-_HALF = np.float32(0.5)
 _TENTH = np.float32(0.1)
 _EPS = np.float32(1e-15)  # GROUP_MAX_EPS
 _EPS_S = np.float32(1e-8)  # GROUP_MAX_EPS_IQ2_S
@@ -42,30 +43,16 @@ _KMAXQ = 3
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _vmax(v, n):
-    m = v[0]
-    for i in range(1, n):
-        m = m if m > v[i] else v[i]
-    return m
-
-
-@njit(cache=True, inline="always", error_model="numpy")
 def _put_u32(y, pos, v):
     for b in range(4):
         y[pos + b] = (v >> (8 * b)) & 0xFF
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _scale_code(idd, s):
-    # the 4-bit block scale: nearest_int(0.5f*(id*scale - 1)) in [0, 15]
-    return max(0, min(15, nearest_int(_HALF * (idd * s - _ONE))))
 
 
 @njit(cache=True, error_model="numpy")
 def _xxs_block(xval, weight, waux, L, Laux, Lqp, grid, kmap, neigh):
     """(scale, True) and levels L of one block of 32 (signs already folded into xval); (0, False) for a block
     stored as zeros."""
-    if _vmax(xval, 32) < _EPS:
+    if max_of(xval, 32) < _EPS:
         return _ZERO, False
     scale = make_qp_quants(32, _KMAXQ + 1, xval, Lqp, weight)
     eff_max = scale * _f(_KMAXQ)
@@ -137,7 +124,7 @@ def _iq2_xxs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         put_f16(yb, 0, d)
         idd = _ONE / d
         for ib in range(8):
-            q2[2 * ib + 1] |= _scale_code(idd, scales[ib]) << 28
+            q2[2 * ib + 1] |= scale_code(idd, scales[ib], 15) << 28
         for j in range(16):
             _put_u32(yb, 2 + 4 * j, q2[j])
 
@@ -146,7 +133,7 @@ def _iq2_xxs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
 def _xs_block(xval, weight, waux, L, Laux, on, on_aux, eps, grid, kmap, neigh):
     """(scale, True) and levels L of one block of 16 (IQ2_XS, IQ2_S); (0, False) for a block stored as
     zeros (max below eps)."""
-    mx = _vmax(xval, 16)
+    mx = max_of(xval, 16)
     L[:] = 0
     if mx < eps:
         return _ZERO, False
@@ -220,7 +207,7 @@ def _iq2_xs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         put_f16(yb, 0, d)
         idd = _ONE / d
         for ib in range(16):
-            yb[66 + ib // 2] |= _scale_code(idd, scales[ib]) << (4 * (ib % 2))
+            yb[66 + ib // 2] |= scale_code(idd, scales[ib], 15) << (4 * (ib % 2))
         for j in range(32):
             yb[2 + 2 * j] = q2[j] & 0xFF
             yb[3 + 2 * j] = q2[j] >> 8
@@ -272,7 +259,7 @@ def _iq2_s_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         put_f16(yb, 0, d * _FUDGE_S)
         idd = _ONE / d
         for ib in range(16):
-            yb[74 + ib // 2] |= _scale_code(idd, scales[ib]) << (4 * (ib % 2))
+            yb[74 + ib // 2] |= scale_code(idd, scales[ib], 15) << (4 * (ib % 2))
 
 
 @njit(cache=True, parallel=True, error_model="numpy")

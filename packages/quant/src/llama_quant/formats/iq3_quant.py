@@ -14,13 +14,15 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from llama_quant.formats.common import nearest_int, put_f16, sum_sq
+from llama_quant.formats.common import put_f16, sum_sq
 from llama_quant.formats.iq_grid_init import grid_tables
 from llama_quant.formats.iq_search import (
     block_weights,
     even_signs,
     group_index,
+    max_of,
     round_levels,
+    scale_code,
     snap_group,
     weighted_sums,
 )
@@ -30,25 +32,11 @@ __all__ = ["quantize_iq3_s", "quantize_iq3_xxs"]
 _f = np.float32
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
-_HALF = np.float32(0.5)
 _FIFTH = np.float32(0.2)
 _EPS_XXS = np.float32(1e-8)  # GROUP_MAX_EPS_IQ3_XXS
 _FUDGE_XXS = np.float32(1.0125)
 _FUDGE_S = np.float32(1.033)
 _KMAXQ = 8
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _vmax(v, n):
-    m = v[0]
-    for i in range(1, n):
-        m = m if m > v[i] else v[i]
-    return m
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _scale_code(idd, s):
-    return max(0, min(15, nearest_int(_HALF * (idd * s - _ONE))))
 
 
 @njit(cache=True, error_model="numpy")
@@ -115,7 +103,7 @@ def _iq3_xxs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
             for k in range(4):
                 signs[k] = even_signs(xb, weight, xval, 8 * k, True)
             L[:] = 0
-            mx = _vmax(xval, 32)
+            mx = max_of(xval, 32)
             if mx < _EPS_XXS:
                 scales[ib] = _ZERO
                 continue
@@ -137,7 +125,7 @@ def _iq3_xxs_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         put_f16(yb, 0, d * _FUDGE_XXS)
         idd = _ONE / d
         for ib in range(8):
-            v = sas[ib] | (_scale_code(idd, scales[ib]) << 28)
+            v = sas[ib] | (scale_code(idd, scales[ib], 15) << 28)
             for b in range(4):
                 yb[66 + 4 * ib + b] = (v >> (8 * b)) & 0xFF
 
@@ -162,7 +150,7 @@ def _iq3_s_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
             for k in range(4):
                 signs[k] = even_signs(xb, weight, xval, 8 * k, False)
             L[:] = 0
-            mx = _vmax(xval, 32)
+            mx = max_of(xval, 32)
             if mx == _ZERO:  # C: !max
                 scales[ib] = _ZERO
                 continue
@@ -188,7 +176,7 @@ def _iq3_s_row(x, qw, use_qw, y, ncols, grid, kmap, neigh):
         put_f16(yb, 0, d * _FUDGE_S)
         idd = _ONE / d
         for ib in range(0, 8, 2):
-            yb[106 + ib // 2] = _scale_code(idd, scales[ib]) | (_scale_code(idd, scales[ib + 1]) << 4)
+            yb[106 + ib // 2] = scale_code(idd, scales[ib], 15) | (scale_code(idd, scales[ib + 1], 15) << 4)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")

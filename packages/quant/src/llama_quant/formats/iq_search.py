@@ -20,7 +20,9 @@ __all__ = [
     "block_weights",
     "even_signs",
     "group_index",
+    "max_of",
     "round_levels",
+    "scale_code",
     "snap_group",
     "weighted_sums",
 ]
@@ -30,6 +32,21 @@ _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
 _HALF = np.float32(0.5)
 FLT_MAX = np.float32(3.4028234663852886e38)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def max_of(v, n):
+    """MAX over v[:n] in C's order (``m = m > v ? m : v``)."""
+    m = v[0]
+    for i in range(1, n):
+        m = m if m > v[i] else v[i]
+    return m
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def scale_code(idd, s, top):
+    """A block scale as a code in [0, top]: nearest_int(0.5f*(id*scale - 1)), clamped."""
+    return max(0, min(top, nearest_int(_HALF * (idd * s - _ONE))))
 
 
 @njit(cache=True, inline="always", error_model="numpy")
