@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from numba.core import config as numba_config
 
-from llama_quant.compiling import CompileJob, CompileWatch, default_cache_dir, precompile
+from llama_quant.compiling import CompileJob, CompileWatch, default_cache_dir, precompile, sources_digest
 
 _KERNELS = """
 from numba import njit
@@ -51,11 +51,36 @@ _PRINT_CACHE_DIR = "import llama_quant; from numba.core import config; print(con
 
 
 def test_default_cache_dir_is_the_user_cache(tmp_path: Path) -> None:
-    got = _cache_dir_in_child({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, _PRINT_CACHE_DIR)
-    assert got == str(tmp_path / "xdg" / "llama-py" / "numba")
-    assert Path(got).is_dir()
-    home = _cache_dir_in_child({"HOME": str(tmp_path / "home")}, _PRINT_CACHE_DIR)
-    assert home == str(tmp_path / "home" / ".cache" / "llama-py" / "numba")
+    got = Path(_cache_dir_in_child({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, _PRINT_CACHE_DIR))
+    assert got == tmp_path / "xdg" / "llama-py" / "numba" / f"src-{sources_digest()}"
+    assert got.is_dir()
+    home = Path(_cache_dir_in_child({"HOME": str(tmp_path / "home")}, _PRINT_CACHE_DIR))
+    assert home.parent == tmp_path / "home" / ".cache" / "llama-py" / "numba"
+
+
+def test_a_source_change_starts_a_new_cache_and_old_ones_are_pruned(tmp_path: Path) -> None:
+    base = tmp_path / "xdg" / "llama-py" / "numba"
+    for i in range(5):  # caches of earlier source versions, the newest last
+        (base / f"src-old{i}").mkdir(parents=True)
+        os.utime(base / f"src-old{i}", (1000 + i, 1000 + i))
+    (base / "kquants_0123456789abcdef0123456789abcdef01234567").mkdir()  # the layout before source versions
+    got = Path(_cache_dir_in_child({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, _PRINT_CACHE_DIR))
+    assert sorted(p.name for p in base.iterdir()) == sorted([got.name, "src-old3", "src-old4"])
+
+
+def test_the_digest_follows_each_source_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import llama_quant.compiling as mod
+
+    pkg = tmp_path / "src" / "kernel_pkg_digest"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "k.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.setattr(mod, "_KERNEL_PACKAGES", ("kernel_pkg_digest",))
+    before = sources_digest()
+    assert sources_digest() == before
+    (pkg / "k.py").write_text("x = 22\n")  # another size
+    assert sources_digest() != before
 
 
 def test_numba_cache_dir_is_respected(tmp_path: Path) -> None:

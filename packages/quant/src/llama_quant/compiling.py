@@ -3,10 +3,14 @@
 numba compiles a kernel the first time it is called with new argument types and keeps the machine code in
 an on-disk cache, so only a first start pays. Three things here make that first start bearable:
 
-- ``configure_cache()`` puts the cache where a user's caches live (``$NUMBA_CACHE_DIR`` if set, else
-  ``$XDG_CACHE_HOME/llama-py/numba`` or ``~/.cache/llama-py/numba``) instead of ``__pycache__`` folders
-  inside site-packages. ``llama_quant`` calls it on import, before any ``@njit(cache=True)`` decoration
-  reads the setting.
+- ``configure_cache()`` puts the cache where a user's caches live (``$NUMBA_CACHE_DIR`` if set, else a
+  folder under ``$XDG_CACHE_HOME/llama-py/numba`` or ``~/.cache/llama-py/numba``) instead of
+  ``__pycache__`` folders inside site-packages. ``llama_quant`` calls it on import, before any
+  ``@njit(cache=True)`` decoration reads the setting. numba checks a cached kernel against its own source
+  file only, not against the files of the kernels it calls (which it compiled into it): edit a helper in
+  one module and the cached callers in other modules would keep the old code. So the default folder is
+  named after the sources of the packages with kernels (each file's size and modification time): any
+  change to them starts a fresh cache, and the few most recent caches are kept.
 - ``CompileWatch`` listens to numba's compile events and reports each kernel it compiles (name, seconds).
 - ``precompile(jobs)`` runs warm-up jobs in child processes at once: numba compiles under one global lock
   per process, so two processes are the only way to use two cores. The children write into the shared
@@ -19,9 +23,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
 import queue
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -41,11 +48,17 @@ __all__ = [
     "default_cache_dir",
     "precompile",
     "shared_compiles",
+    "sources_digest",
 ]
 
 log = logging.getLogger("llama_quant.compiling")
 
 _CACHE_ENV = "NUMBA_CACHE_DIR"
+
+
+_KERNEL_PACKAGES = ("llama_quant", "llama_engine")  # the packages whose modules hold numba kernels
+_LEGACY_CACHE = re.compile(r"\w+_[0-9a-f]{40}")
+_KEPT_CACHES = 3  # source versions whose caches stay (a few venvs or checkouts side by side)
 
 
 def default_cache_dir() -> Path:
@@ -54,21 +67,54 @@ def default_cache_dir() -> Path:
     return Path(base) / "llama-py" / "numba"
 
 
+def sources_digest() -> str:
+    """A digest of the kernel packages' Python sources (path, size, modification time of each file)."""
+    h = hashlib.sha1()
+    for name in _KERNEL_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        for root in (spec.submodule_search_locations or []) if spec is not None else []:
+            for f in sorted(Path(root).rglob("*.py")):
+                st = f.stat()
+                h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _prune(base: Path, current: Path) -> None:
+    """Remove the source-version caches under ``base`` beyond the ``_KEPT_CACHES`` most recently used, and
+    what earlier versions kept in ``base`` itself (numba's ``<module>_<40 hex digits>`` folders)."""
+    with contextlib.suppress(OSError):
+        os.utime(current)
+        olds = sorted(
+            (p for p in base.glob("src-*") if p.is_dir() and p != current),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        legacy = [p for p in base.iterdir() if p.is_dir() and _LEGACY_CACHE.fullmatch(p.name)]
+        for old in [*olds[_KEPT_CACHES - 1 :], *legacy]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def configure_cache() -> Path | None:
-    """Point numba's kernel cache at ``$NUMBA_CACHE_DIR``, else at ``default_cache_dir()``; returns it.
+    """Point numba's kernel cache at ``$NUMBA_CACHE_DIR``, else at ``default_cache_dir()/src-<digest>``
+    (``sources_digest()``, pruning older source versions); returns it.
 
     Also sets NUMBA_CACHE_DIR in the environment so child processes agree. Functions decorated before this
     call keep the location they were given. Returns None (numba's own default stays) when the directory
     cannot be created or written, e.g. a read-only home.
     """
     chosen = os.environ.get(_CACHE_ENV)
-    path = Path(chosen) if chosen else default_cache_dir()
+    path = Path(chosen) if chosen else default_cache_dir() / f"src-{sources_digest()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not os.access(path, os.W_OK | os.X_OK):
             return None
     except OSError:
         return None
+    if not chosen:
+        _prune(path.parent, path)
     os.environ[_CACHE_ENV] = str(path)
     # numba read the environment when it was imported
     _numba_config.CACHE_DIR = str(path)  # type: ignore[attr-defined]
