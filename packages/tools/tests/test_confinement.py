@@ -99,7 +99,9 @@ def test_searches_stay_inside(client, dirs):
 
 def test_commands_run_in_the_tools_directory(client, dirs):
     root, outside = dirs
-    assert call(client, "exec_shell_command", {"command": "pwd"})["plain_text_response"].startswith(f"{root}\n")
+    assert call(client, "exec_shell_command", {"command": "pwd"})["plain_text_response"].startswith(
+        f"{root}\n"
+    )
     assert call(client, "get_info", {})["cwd"] == str(root)
     sub = call(client, "exec_shell_command", {"command": "pwd"}, {"x-tool-cwd": "sub"})
     assert sub["plain_text_response"].startswith(f"{root}/sub\n")
