@@ -77,7 +77,7 @@ class LLM:
             for ev in handle:
                 if isinstance(ev, TokenEvent):
                     yield ev.token
-                else:
+                elif isinstance(ev, FinalEvent):  # progress events only come to return_progress requests
                     self.last = ev
                     if ev.error:
                         raise RuntimeError(ev.error)
