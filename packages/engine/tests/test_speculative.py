@@ -7,6 +7,7 @@ of another vocabulary is refused; token limits, grammars and context shifts hold
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,10 @@ def plain(models: tuple[Path, Path]) -> list[int]:
 @pytest.mark.parametrize(("n_min", "n_max"), [(0, 2), (1, 4), (4, 8), (2, 16)])
 def test_draft_model_greedy_equals_plain_decoding(models, plain, n_min: int, n_max: int) -> None:
     target, draft = models
-    (a, fa), (b, fb) = _generate(target, _draft(draft, n_min=n_min, n_max=n_max), [_req(), _req()])
+    # this draft agrees rarely: the fixed draft length keeps verifying drafts at every step (the
+    # adaptive limit would soon pause them, test_speculative_backoff.py)
+    spec = dataclasses.replace(_draft(draft, n_min=n_min, n_max=n_max), adaptive=False)
+    (a, fa), (b, fb) = _generate(target, spec, [_req(), _req()])
     assert a == b == plain  # two slots drafting in one batch, each as alone without drafts
     for f in (fa, fb):
         assert f.timings.draft_n > 0 and 0 < f.timings.draft_n_accepted <= f.timings.draft_n

@@ -126,6 +126,7 @@ class SpeculativeConfig:
     lookup_cache_dynamic: str = ""  # -lcd: read at start-up (if present), written back at shutdown
     synth_len: float = -1.0  # --spec-synth-len (-1: unset)
     synth_rates: tuple[float, ...] = ()  # --spec-synth-rates
+    adaptive: bool = True  # shorter / paused drafts after rejections (`backoff`); False: fixed n_max
 
     @property
     def enabled(self) -> tuple[SpecType, ...]:

@@ -5,7 +5,8 @@ The scheduler calls `propose(slots)` before it plans a step: every slot that is 
 skipped for that slot), all drafting slots at once so the draft model runs one batch for them all. The
 drafts are verified in the target's next forward pass beside the other slots' work. After the pass the
 scheduler asks `chooser(slot)` how to pick each verified position's token (None: sample and match) and
-reports the accepted count with `accepted(...)`.
+reports the accepted count with `accepted(...)`. Each slot's draft length adapts to what the target
+accepted (`backoff`: shorter drafts, then none for a while, after rejections).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..sampling import LLAMA_DEFAULT_SEED, Sampler
 from ..sampling.rng import resolve_seed
 from ..slot import SlotState
 from ..tokenizer import Tokenizer
+from .backoff import Backoff
 from .config import SpecType, SpeculativeConfig
 from .draft_model import DraftModel
 from .drafter import Drafter, DraftJob
@@ -51,6 +53,7 @@ class _SeqState:
     q: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     synthetic: SyntheticVerifier | None = None
     rejection: RejectionVerifier | None = None
+    backoff: Backoff | None = None  # the adaptive draft limit (None: `adaptive` off)
 
 
 class Speculator:
@@ -118,6 +121,10 @@ class Speculator:
             if n_max <= 0:
                 continue
             st = self._begin_if_new(s)
+            if st.backoff is not None:
+                n_max = min(n_max, st.backoff.allow())
+                if n_max <= 0:  # backing off after failed drafts
+                    continue
             sp = s.request.sampling
             want_q = self.config.draft.probabilistic and sp.temperature > 0
             jobs.append(DraftJob(s.id, s.tokens, s.next_token, n_max, want_q, sp.temperature, sp.seed))
@@ -160,9 +167,21 @@ class Speculator:
                 st.synthetic = SyntheticVerifier(self.synth_probs, seed, self.tokenizer.eog_ids)
             if self.config.draft.probabilistic:
                 st.rejection = RejectionVerifier(s.sampler.seed)
+            st.backoff = self._new_backoff()
             for _, d in self.drafters:
                 d.begin(s.id, s.tokens)
         return st
+
+    def _new_backoff(self) -> Backoff | None:
+        if not self.config.adaptive or self.n_max <= 0:
+            return None
+        # a draft model drafting fewer than its n_min proposes nothing: the limit never goes below it
+        floor = self.config.draft.n_min if self.draft_model is not None else 1
+        return Backoff(self.n_max, floor)
+
+    def backoff_of(self, seq: int) -> Backoff | None:
+        """The adaptive draft limit of sequence `seq` for its current request (None when off)."""
+        return self._seqs[seq].backoff
 
     # -- verification ------------------------------------------------------------------------------------
 
@@ -201,6 +220,8 @@ class Speculator:
             stats.accepted_per_pos[i] += 1
         for _, d in self.drafters:
             d.accept(seq, n_accepted, d is not st.drafter)
+        if st.backoff is not None:
+            st.backoff.update(n_drafted, n_accepted)
         st.drafter, st.q = None, []
 
     def shifted(self, seq: int, n_keep: int, n_discard: int, n_past: int) -> None:
