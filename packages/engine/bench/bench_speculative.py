@@ -2,10 +2,12 @@
 
 Rows: plain decoding; the Q4_1 file as draft model (draft-simple); n-gram drafting (ngram-simple and
 ngram-mod) on repetitive text (a prompt asking to repeat a code block); the draft model with synthetic
-acceptance rate 0 (every draft rejected: the cost of drafting alone). Greedy, one stream, each figure the
-best of ``RUNS``; the F16 file is converted once with llama-quant into ~/.cache/llama-py/. Prints tok/s,
-the ratio to plain decoding and the acceptance rate. Targets: >= 1.5x for the draft model and for n-grams
-on repetitive text, >= 0.95x when everything is rejected.
+acceptance rate 0 (every draft rejected: the cost of drafting alone), with the adaptive draft length and
+without it (llama.cpp's fixed n-max). Greedy, one stream, each figure the best of ``RUNS``; the F16
+file is converted once with llama-quant into ~/.cache/llama-py/. Prints tok/s, the ratio to plain
+decoding and the acceptance rate. Targets: >= 1.5x for the draft model and for n-grams on repetitive
+text, >= 0.95x when everything is rejected. `bench_speculative.py "rate 0"` runs only the
+rows whose names contain the words given (and plain decoding of their prompts).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -90,7 +93,8 @@ def measure(spec: SpeculativeConfig | None, prompt: str) -> tuple[float, int, in
         engine.shutdown()
 
 
-def main() -> None:
+def main(only: list[str]) -> None:
+    """Print the table; `only`: run just the rows whose names contain one of these words."""
     draft = DraftParams(model=str(smollm2_q4_1()), n_max=8, n_min=0)
     rows = [
         ("plain", "story", None),
@@ -108,7 +112,17 @@ def main() -> None:
             "story",
             SpeculativeConfig(types=(SpecType.DRAFT_SIMPLE,), draft=draft, synth_rates=(0.0,) * 8),
         ),
+        (
+            "rate 0, --no-spec-adaptive",
+            "story",
+            SpeculativeConfig(
+                types=(SpecType.DRAFT_SIMPLE,), draft=draft, synth_rates=(0.0,) * 8, adaptive=False
+            ),
+        ),
     ]
+    if only:  # the named rows, plus plain decoding of their prompts
+        rows = [r for r in rows if r[0] == "plain" or any(w in r[0] for w in only)]
+        rows = [r for r in rows if r[0] != "plain" or any(x[1] == r[1] and x[0] != "plain" for x in rows)]
     base: dict[str, float] = {}
     print(f"{'drafting':32} {'prompt':8} {'tok/s':>8} {'ratio':>7} {'accepted':>16}")
     for name, prompt, spec in rows:
@@ -121,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -31,6 +31,7 @@ SPEC_ROWS: tuple[tuple[str, str | None, bool, str], ...] = (
     ("--spec-synth-len", "LLAMA_ARG_SPEC_SYNTH_LEN", True, ""),
     ("--spec-synth-rates", "LLAMA_ARG_SPEC_SYNTH_RATES", True, ""),
     ("--spec-default", None, False, ""),
+    ("--spec-adaptive", "LLAMA_ARG_SPEC_ADAPTIVE", False, "--no-spec-adaptive"),
     ("--spec-ngram-simple-size-n", None, True, ""),
     ("--spec-ngram-simple-size-m", None, True, ""),
     ("--spec-ngram-simple-min-hits", None, True, ""),

@@ -232,6 +232,14 @@ def spec_options(f: Any) -> Any:
             help="Synthetic per-position acceptance rates P0,P1,... (benchmarking only).",
         ),
         o("--spec-default", "spec_default", is_flag=True, help="The default speculative config (ngram-mod)."),
+        o(
+            "--spec-adaptive/--no-spec-adaptive",
+            "spec_adaptive",
+            default=True,
+            envvar="LLAMA_ARG_SPEC_ADAPTIVE",
+            show_default=True,
+            help="Shorten, then pause, a slot's drafts after rejections (off: n-max at every step).",
+        ),
     ]
     for kind in _NGRAM_MAPS:
         key = "spec_ngram_" + kind.replace("-", "_")
@@ -356,6 +364,7 @@ def build_spec_config(kw: dict[str, Any]) -> SpeculativeConfig:
         lookup_cache_dynamic=kw["spec_lookup_cache_dynamic"] or "",
         synth_len=synth_len,
         synth_rates=rates,
+        adaptive=kw["spec_adaptive"],
     )
     if cfg.lookup_cache_static and not Path(cfg.lookup_cache_static).is_file():
         raise click.UsageError(f"static lookup cache not found: {cfg.lookup_cache_static}")
