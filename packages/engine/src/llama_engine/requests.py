@@ -49,7 +49,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     cache_prompt: bool = True  # reuse a cached prefix (this slot's or another's)
     n_cache_reuse: int = 0  # also shift cached runs of at least this many tokens into place (0: off)
     slot: int = -1  # -1: the scheduler picks
-    n_keep: int = 0  # tokens kept at the start when the context shifts
+    n_keep: int = 0  # tokens kept at the start when the context shifts (+1 for the BOS, as llama.cpp)
+    n_discard: int = 0  # tokens dropped after n_keep when the context shifts; 0: half of the rest
     context_shift: bool = False  # shift (drop half after n_keep) instead of stopping when the context is full
     post_sampling_probs: bool = False  # n_probs after the sampler chain instead of over the raw logits
     timings_per_token: bool = False  # every TokenEvent carries the request's timings so far
@@ -117,3 +118,4 @@ class FinalEvent(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Tru
     stop_word: str = ""
     error: str = ""
     slot: int = -1
+    truncated: bool = False  # the context shifted, or generation stopped at the context's end

@@ -36,7 +36,7 @@ from .progress import progress_event
 from .requests import FinalEvent, GenerationRequest, StopReason, Timings, TokenEvent, Usage
 from .sampling import DryVocab, Sampler, SamplingParams
 from .sampling.reasoning_budget import piece_complete
-from .slot import NO_REQUEST, Slot, SlotState, common_prefix, lora_key
+from .slot import NO_REQUEST, Slot, SlotState, common_prefix, lora_key, shift_sizes
 from .step import Step, StepBuilder, drafts_that_fit
 from .tokenizer import Tokenizer
 from .vocab_tables import build_dry_vocab, in_background
@@ -218,6 +218,7 @@ class Scheduler:
         slot.n_prompt = len(prompt)
         slot.n_generated, slot.held, slot.next_token, slot.drafts = 0, "", -1, []
         slot.n_drafted = slot.n_draft_accepted = 0
+        slot.truncated = False
         key = lora_key(req.lora)
         if self.prompt_cache is not None and req.cache_prompt:
             self.prompt_cache.before_start(slot, prompt, key, self.checkpoints)
@@ -332,7 +333,7 @@ class Scheduler:
                     )
 
     def _schedule_decode(self, s: Slot) -> None:
-        if len(s.tokens) + 1 > self.n_ctx_slot and not self._make_room(s):
+        if len(s.tokens) + 1 >= self.n_ctx_slot and not self._make_room(s):
             return
         room = min(self._builder.room, self.n_ctx_slot - len(s.tokens)) - 1  # for drafts
         self._builder.add_decode(s.id, s.next_token, drafts_that_fit(s.drafts, room), len(s.tokens))
@@ -457,22 +458,22 @@ class Scheduler:
         s.emit(TokenEvent(token, emit_text, prob, top, timings))
         if stop_word:
             self._finish(s, StopReason.STOP_WORD, stop_word)
+        elif not req.context_shift and len(s.tokens) + 1 >= self.n_ctx_slot:
+            s.truncated = True  # llama.cpp stops one cell early: the next token would fill the context
+            self._finish(s, StopReason.LENGTH)
         elif 0 <= req.max_tokens <= s.n_generated:
             self._finish(s, StopReason.LENGTH)
         else:
             s.next_token = token
 
     def _make_room(self, s: Slot) -> bool:
-        """The slot's context is full: shift it (drop half after n_keep) or finish it."""
+        """The slot's context is full: shift it (drop n_discard tokens after n_keep) or finish it."""
         req = s.request
         assert req is not None
-        if not req.context_shift:
-            self._finish(s, StopReason.LENGTH)
-            return False
+        s.truncated = True
         n_past = len(s.tokens)
-        n_keep = min(max(req.n_keep, 0), n_past - 1)
-        n_discard = (n_past - n_keep) // 2
-        if n_discard <= 0:
+        n_keep, n_discard = shift_sizes(req, n_past, self.n_ctx_slot, self.tokenizer.add_bos)
+        if not req.context_shift or n_discard <= 0:
             self._finish(s, StopReason.LENGTH)
             return False
         self.kv.seq_unshare(s.id)
@@ -557,7 +558,8 @@ class Scheduler:
         else:
             timings = self._timings(s, now)
             usage = Usage(s.n_prompt, s.n_generated, s.n_cached)
-        return FinalEvent(reason, usage, timings, text=text, stop_word=stop_word, error=error, slot=emit_slot)
+        cut = s is not None and s.truncated
+        return FinalEvent(reason, usage, timings, text, stop_word, error, emit_slot, cut)
 
     @staticmethod
     def _timings(s: Slot, now: float) -> Timings:

@@ -12,7 +12,7 @@ import numpy as np
 from .requests import FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .sampling import Sampler
 
-__all__ = ["NO_REQUEST", "Emit", "Slot", "SlotState", "common_prefix", "lora_key"]
+__all__ = ["NO_REQUEST", "Emit", "Slot", "SlotState", "common_prefix", "lora_key", "shift_sizes"]
 
 Emit = Callable[[TokenEvent | ProgressEvent | FinalEvent], None]
 NO_REQUEST = threading.Event()  # the cancel event of a slot with no request
@@ -50,6 +50,7 @@ class Slot:
     t_prompt_done: float = 0.0
     last_used: float = 0.0
     lora: tuple[float, ...] = ()  # the adapter scales the cached tokens were computed under
+    truncated: bool = False  # the current request's context shifted or filled up (FinalEvent.truncated)
 
 
 def lora_key(scales: tuple[float, ...]) -> tuple[float, ...]:
@@ -68,3 +69,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     x = np.asarray(a[:n], np.int64) != np.asarray(b[:n], np.int64)
     hit = np.flatnonzero(x)
     return int(hit[0]) if len(hit) else n
+
+
+def shift_sizes(req: GenerationRequest, n_past: int, n_ctx: int, add_bos: bool) -> tuple[int, int]:
+    """llama-server's context shift: (n_keep, n_discard). n_keep is the request's + 1 for a BOS, capped at
+    n_ctx - 4; n_discard the request's (0: half of what follows n_keep), clamped to [0, n_left - 1]."""
+    n_keep = min(n_ctx - 4, req.n_keep + (1 if add_bos else 0))
+    n_left = n_past - n_keep
+    n_discard = req.n_discard or n_left // 2
+    return n_keep, min(max(n_discard, 0), max(0, n_left - 1))

@@ -159,6 +159,7 @@ def build_request(
         n_cache_reuse=_pick(p.n_cache_reuse, cfg.n_cache_reuse),
         slot=slot % n_slots if slot >= 0 else -1,
         n_keep=len(prompt) if _pick(p.n_keep, cfg.n_keep) == -1 else _pick(p.n_keep, cfg.n_keep),
+        n_discard=_pick(p.n_discard, 0),
         context_shift=cfg.context_shift,
         post_sampling_probs=bool(p.post_sampling_probs),
         timings_per_token=bool(p.timings_per_token),

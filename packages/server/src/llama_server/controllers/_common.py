@@ -90,7 +90,7 @@ def generation_settings(
         "max_tokens": req.max_tokens,
         "n_predict": req.max_tokens,
         "n_keep": req.n_keep,
-        "n_discard": 0,
+        "n_discard": req.n_discard,
         "ignore_eos": s.ignore_eos,
         "stream": stream,
         "logit_bias": bias,

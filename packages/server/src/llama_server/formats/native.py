@@ -150,7 +150,7 @@ class NativeFormatter(Formatter):
             generation_settings=self.settings[i],
             prompt=self.tok.decode(self.reqs[i].prompt),
             has_new_line=newline,
-            truncated=False,
+            truncated=f.truncated,
             stop_type=stop_type(f),
             stopping_word=f.stop_word,
             tokens_cached=u.prompt_tokens + max(u.completion_tokens - 1, 0),
