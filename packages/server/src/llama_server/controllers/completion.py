@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from litestar import Controller, Request, Response, post
 from litestar.params import JSONBody
 
@@ -13,8 +11,9 @@ from ..errors import ApiError
 from ..formats import CompletionsFormatter, NativeFormatter
 from ..formats.verbose import verbose_for
 from ..generation import completion_id
+from ..infill import infill_prompt
 from ..params import build_requests
-from ..prompts import check_text_size, encode, tokenize_mixed, tokenize_request
+from ..prompts import tokenize_request
 from ..schemas import CompletionBody, InfillBody
 from ..state import ServerState
 from ..streaming import respond
@@ -44,35 +43,6 @@ async def _native(
         response_fields=body.response_fields,
     )
     return await respond(request, server, reqs, fmt, body)
-
-
-async def _infill_prompt(request: Request, server: ServerState, body: InfillBody) -> list[int]:
-    """llama.cpp's FIM layout: `[extra][BOS?][PRE]prefix prompt[SUF]suffix[MID]` (endpoints.md §15)."""
-    tok = server.require_engine().tokenizer
-    if body.input_prefix is None or body.input_suffix is None:
-        raise ApiError('"input_prefix" and "input_suffix" are required')
-    pieces = (body.input_prefix, body.input_suffix)
-    check_text_size(
-        sum(len(x) for x in pieces if isinstance(x, str)), tok, server.require_engine().n_ctx_slot
-    )
-
-    async def enc(v: str | list[Any], special: bool = False) -> list[int]:
-        if isinstance(v, str):
-            return await encode(server, v, add_special=False, parse_special=special)
-        return tokenize_mixed(v, tok, parse_special=False, add_special=False)
-
-    n_batch = server.config.n_batch
-    prefix = (await enc(body.input_prefix))[-(3 * (n_batch // 4)) :]
-    extra = await enc(body.prompt, special=True) if isinstance(body.prompt, str) else []
-    suffix = (await enc(body.input_suffix))[: max(0, n_batch // 4 - 2 - len(extra))]
-    ctx: list[int] = []
-    for chunk in body.input_extra or []:
-        ctx += await enc("\n\n--- snippet ---\n\n" + chunk.text)
-    bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
-    fim = tok.fim_ids
-    if server.config.spm_infill:  # --spm-infill: suffix, then prefix (the order some models were trained on)
-        return [*ctx, *bos, fim["suf"], *suffix, fim["pre"], *prefix, *extra, fim["mid"]]  # type: ignore[list-item]
-    return [*ctx, *bos, fim["pre"], *prefix, *extra, fim["suf"], *suffix, fim["mid"]]  # type: ignore[list-item]
 
 
 def _check_fim(tok: Tokenizer) -> None:
@@ -112,5 +82,5 @@ class CompletionController(Controller):
     @post("/infill", status_code=200)
     async def infill(self, request: Request, server: SharedState, data: JSONBody[InfillBody]) -> Response:
         _check_fim(server.require_engine().tokenizer)
-        prompt = await _infill_prompt(request, server, data)
+        prompt = await unless_disconnected(request, infill_prompt(server, data))
         return await _native(request, server, data, [prompt])
