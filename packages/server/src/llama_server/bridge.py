@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol, TypeAlias, TypeVar
 
+import msgspec
+
 from llama_engine import (
     FinalEvent,
     GenerationRequest,
@@ -89,6 +91,9 @@ class Run:
         self.handles: list[RequestHandle] = []
         self.n = 0
         self.task_ids: list[int] = []
+        # with /metrics on, every request reports its prompt batches (counted as they are evaluated);
+        # index -> (the client asked for the updates, tokens in the cache at the last one)
+        self._progress: dict[int, tuple[bool, int]] = {}
 
     def submit_all(self, requests: list[GenerationRequest]) -> None:
         """Validate every prompt against the slot context, then queue them all (or none: when the engine's
@@ -113,6 +118,9 @@ class Run:
                 empty = FinalEvent(StopReason.EOS, Usage(0, 0, 0), Timings(0, 0.0, 0, 0.0, 0))
                 self._deliver((i, empty))
                 continue
+            if self.state.config.endpoint_metrics:
+                self._progress[i] = (req.return_progress, -1)
+                req = msgspec.structs.replace(req, return_progress=True)
             try:
                 self.handles.append(engine.submit(req, on_event=partial(self._on_event, i)))
             except QueueFullError as e:
@@ -131,6 +139,8 @@ class Run:
 
     def _deliver(self, item: tuple[int, Event]) -> None:  # on the event loop
         index, ev = item
+        if isinstance(ev, ProgressEvent) and index in self._progress and not self._count(index, ev):
+            return  # an update only /metrics asked for
         if isinstance(ev, FinalEvent):
             self._record(index, ev)
         if self._sink is not None:
@@ -138,6 +148,16 @@ class Run:
             return
         self._items.append(item)
         self._wakeup.set()
+
+    def _count(self, index: int, ev: ProgressEvent) -> bool:
+        """Count a prompt update's newly evaluated tokens; True when the client asked for updates."""
+        wanted, last = self._progress[index]
+        if last < 0:  # the first update: the reused prefix
+            self.state.metrics.prompt_batch(0, ev.cache)
+            last = ev.cache
+        self.state.metrics.prompt_batch(ev.processed - last)
+        self._progress[index] = (wanted, ev.processed)
+        return wanted
 
     def attach(self, sink: Callable[[int, Event], None]) -> None:
         """From now on hand every event to `sink(index, event)` as it arrives (on the event loop, in the
@@ -194,7 +214,7 @@ class Run:
     def _record(self, index: int, ev: FinalEvent) -> None:
         if ev.reason == StopReason.ERROR:
             return
-        self.state.metrics.record(ev)
+        self.state.metrics.record(ev, index in self._progress)
         if ev.slot >= 0:
             t = ev.timings
             self.state.slots[ev.slot] = SlotRecord(

@@ -53,15 +53,21 @@ class Metrics:
     window_predicted_tokens: int = 0
     window_predicted_seconds: float = 0.0
 
-    def record(self, ev: FinalEvent) -> None:
+    def prompt_batch(self, n_tokens: int, n_cached: int = 0) -> None:
+        """Prompt tokens one batch evaluated (and, on a request's first update, those it reused), counted
+        as llama.cpp counts them: when evaluated, not when the request ends."""
+        self.prompt_tokens_total += n_tokens
+        self.window_prompt_tokens += n_tokens
+        self.prompt_tokens_cached_total += n_cached
+
+    def record(self, ev: FinalEvent, prompt_counted: bool = False) -> None:
         t = ev.timings
-        self.prompt_tokens_total += t.prompt_n
-        self.prompt_tokens_cached_total += t.cache_n
+        if not prompt_counted:  # else prompt_batch already counted its tokens
+            self.prompt_batch(t.prompt_n, t.cache_n)
         self.prompt_seconds_total += t.prompt_ms / 1e3
         self.tokens_predicted_total += t.predicted_n
         self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
         self.n_tokens_max = max(self.n_tokens_max, t.cache_n + t.prompt_n + t.predicted_n)
-        self.window_prompt_tokens += t.prompt_n
         self.window_prompt_seconds += t.prompt_ms / 1e3
         self.window_predicted_tokens += max(t.predicted_n - 1, 0)
         self.window_predicted_seconds += t.predicted_ms / 1e3
