@@ -60,8 +60,14 @@ def test_dequantize_kernel_matches_reference(qtype):
 @pytest.mark.parametrize("kind", MATRIX_KINDS)
 def test_quantize_reference_roundtrip_shapes(kind):
     # the references accept exactly what the public API passes (flat rows, empty weights)
+    # (with weights for the types llama.cpp quantizes only with an importance matrix)
     x = make_matrix(kind, 2, 256)
+    qw = make_imatrix(256, seed=5)
     for t in QUANTIZE:
         out = np.empty(2 * lq.row_nbytes(t, 256), np.uint8)
-        FORMATS[t].quantize_ref(x.reshape(-1), _NONE, 2, 256, out)
-        assert np.array_equal(out, lq.quantize(x, t)), t.name
+        if FORMATS[t].requires_imatrix:
+            FORMATS[t].quantize_ref(x.reshape(-1), qw, 2, 256, out)
+            assert np.array_equal(out, lq.quantize(x, t, imatrix=qw)), t.name
+        else:
+            FORMATS[t].quantize_ref(x.reshape(-1), _NONE, 2, 256, out)
+            assert np.array_equal(out, lq.quantize(x, t)), t.name
