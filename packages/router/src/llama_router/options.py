@@ -137,9 +137,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("--log-jsonl", "LLAMA_ARG_LOG_JSONL", _F, "--no-log-jsonl"),
     _o("-v --verbose --log-verbose", None, _F),
     _o("-lv --verbosity --log-verbosity", "LLAMA_ARG_LOG_VERBOSITY"),
+    _o("-fa --flash-attn", "LLAMA_ARG_FLASH_ATTN"),
     # accepted by the server with no effect (no GPU backends)
     _o("-ngl --gpu-layers --n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS"),
-    _o("-fa --flash-attn", "LLAMA_ARG_FLASH_ATTN"),
     _o("--mlock", "LLAMA_ARG_MLOCK", _F),
     _o("--mmap", "LLAMA_ARG_MMAP", _F, "--no-mmap"),
     _o("--numa", "LLAMA_ARG_NUMA"),
