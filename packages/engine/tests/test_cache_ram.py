@@ -7,11 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from drive import drive_alone
 from tiny_models import write_tiny_model
 
-from llama_engine import Engine, EngineConfig, GenerationRequest, RequestHandle, SamplingParams, StopReason
-from llama_engine.handles import Generate
-from llama_engine.requests import TokenEvent
+from llama_engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 A = [256, *range(40, 80)]
@@ -29,20 +28,7 @@ def _engine(path: Path, n_parallel: int = 1, **kw) -> Engine:
 
 
 def _drive(engine: Engine, prompt: list[int], n: int = 3, slot: int = -1) -> tuple[list[int], int]:
-    sched = engine.scheduler
-    h = RequestHandle()
-    sched.add(Generate(GenerationRequest(prompt=prompt, max_tokens=n, sampling=GREEDY, slot=slot), h))
-    sched.admit()
-    while (step := sched.schedule()) is not None:
-        logits, hidden = engine.model.forward(step.batch, engine.kv)
-        sched.postprocess(step, logits, hidden)
-    assert h.final is not None and h.final.reason == StopReason.LENGTH
-    tokens = []
-    while not h._events.empty():
-        ev = h._events.get()
-        if isinstance(ev, TokenEvent):
-            tokens.append(ev.token)
-    return tokens, h.final.usage.cached_tokens
+    return drive_alone(engine, GenerationRequest(prompt=prompt, max_tokens=n, sampling=GREEDY, slot=slot))
 
 
 def test_an_evicted_prompt_comes_back_from_ram(path: Path) -> None:

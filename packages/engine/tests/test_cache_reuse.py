@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from drive import drive_alone
 from tiny_models import write_tiny_model
 
-from llama_engine import Engine, EngineConfig, GenerationRequest, RequestHandle, SamplingParams, StopReason
+from llama_engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 from llama_engine.cache_reuse import can_reuse_chunks
-from llama_engine.handles import Generate
-from llama_engine.requests import TokenEvent
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 X = list(range(40, 70))  # 30 tokens
@@ -32,21 +31,8 @@ def _engine(path: Path) -> Engine:
 
 def _drive(engine: Engine, prompt: list[int], n: int, slot: int = 0, reuse: int = 0) -> tuple[list[int], int]:
     """One greedy request alone: its tokens and the prompt tokens the cache served."""
-    sched = engine.scheduler
-    h = RequestHandle()
     req = GenerationRequest(prompt=prompt, max_tokens=n, sampling=GREEDY, slot=slot, n_cache_reuse=reuse)
-    sched.add(Generate(req, h))
-    sched.admit()
-    while (step := sched.schedule()) is not None:
-        logits, hidden = engine.model.forward(step.batch, engine.kv)
-        sched.postprocess(step, logits, hidden)
-    assert h.final is not None and h.final.reason == StopReason.LENGTH
-    tokens = []
-    while not h._events.empty():
-        ev = h._events.get()
-        if isinstance(ev, TokenEvent):
-            tokens.append(ev.token)
-    return tokens, h.final.usage.cached_tokens
+    return drive_alone(engine, req)
 
 
 def test_a_dropped_block_is_reused_by_shifting(paths: dict[str, Path]) -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from drive import drive_alone
 from tiny_models import write_tiny_model
 
-from llama_engine import Engine, EngineConfig, GenerationRequest, RequestHandle, SamplingParams, StopReason
+from llama_engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 from llama_engine.checkpoints import CheckpointConfig
-from llama_engine.handles import Generate
-from llama_engine.requests import TokenEvent
+from llama_engine.step import Step
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 BUDGET = 16
@@ -37,24 +37,15 @@ def _drive(
     engine: Engine, prompt: list[int], n: int, slot: int = 0, cache: bool = True
 ) -> tuple[list[int], np.ndarray, int]:
     """Run one greedy request alone: its tokens, every logits row it got, and the cached prompt tokens."""
-    sched = engine.scheduler
-    h = RequestHandle()
-    req = GenerationRequest(prompt=prompt, max_tokens=n, sampling=GREEDY, cache_prompt=cache, slot=slot)
-    sched.add(Generate(req, h))
-    sched.admit()
-    rows = []
-    while (step := sched.schedule()) is not None:
-        logits, hidden = engine.model.forward(step.batch, engine.kv)
+    rows: list[np.ndarray] = []
+
+    def keep(step: Step, logits: np.ndarray) -> None:
         o, k = step.out_offset[slot], step.n_out[slot]
         rows.extend(logits[o : o + k].copy())
-        sched.postprocess(step, logits, hidden)
-    assert h.final is not None and h.final.reason == StopReason.LENGTH
-    tokens = []
-    while not h._events.empty():
-        ev = h._events.get()
-        if isinstance(ev, TokenEvent):
-            tokens.append(ev.token)
-    return tokens, np.stack(rows), h.final.usage.cached_tokens
+
+    req = GenerationRequest(prompt=prompt, max_tokens=n, sampling=GREEDY, cache_prompt=cache, slot=slot)
+    tokens, cached = drive_alone(engine, req, keep)
+    return tokens, np.stack(rows), cached
 
 
 def test_resume_from_a_checkpoint_equals_a_full_recompute(gemma_path: Path) -> None:

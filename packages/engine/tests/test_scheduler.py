@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from drive import handle_tokens
 from tiny_models import write_tiny_model
 
 from llama_engine import (
@@ -27,7 +28,7 @@ from llama_engine import (
 )
 from llama_engine.embedding import pool
 from llama_engine.handles import Embed, Generate
-from llama_engine.requests import FinalEvent, TokenEvent
+from llama_engine.requests import FinalEvent
 from llama_engine.slot import SlotState
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -46,15 +47,6 @@ def _run(engine: Engine, step: Step) -> None:
     engine.scheduler.postprocess(step, logits, hidden)
 
 
-def _tokens(handle: RequestHandle) -> list[int]:
-    out = []
-    while not handle._events.empty():
-        ev = handle._events.get()
-        if isinstance(ev, TokenEvent):
-            out.append(ev.token)
-    return out
-
-
 def _plan(step: Step, seqs: list[int]) -> tuple[int, ...]:
     return tuple(step.n_tokens[q] for q in seqs)
 
@@ -70,7 +62,7 @@ def _alone(engine: Engine, prompt: list[int], n: int) -> list[int]:
     while (step := sched.schedule()) is not None:
         _run(engine, step)
     assert h.final is not None and h.final.reason == StopReason.LENGTH
-    return _tokens(h)
+    return handle_tokens(h)
 
 
 def _reference_embedding(engine: Engine, prompt: list[int], pooling: Pooling) -> np.ndarray:
@@ -126,7 +118,9 @@ def test_decode_prompt_and_embedding_chunks_share_one_budget(engine: Engine) -> 
 
     while (step := sched.schedule()) is not None:
         _run(engine, step)
-    assert _tokens(h0) == _alone(engine, stream, 12)  # the stream's tokens did not depend on its company
+    assert handle_tokens(h0) == _alone(
+        engine, stream, 12
+    )  # the stream's tokens did not depend on its company
 
 
 @pytest.mark.parametrize("pooling", [Pooling.CLS, Pooling.LAST, Pooling.NONE])
@@ -167,7 +161,7 @@ def test_drafts_are_verified_and_rejected_cells_dropped(engine: Engine) -> None:
     while (step := sched.schedule()) is not None:
         assert step.drafts[0] == []
         _run(engine, step)
-    assert _tokens(h) == plain
+    assert handle_tokens(h) == plain
 
 
 def test_cancelled_requests_end_at_the_next_step(engine: Engine) -> None:
@@ -205,7 +199,7 @@ def test_out_of_cells_fails_the_newest_request(tmp_path: Path) -> None:
         engine.step()  # the loop's step: schedule, forward, postprocess (or undo and recover)
     with pytest.raises(RuntimeError, match="KV cache is full"):
         eh.result()
-    assert h.final is not None and h.final.reason == StopReason.LENGTH and len(_tokens(h)) == 20
+    assert h.final is not None and h.final.reason == StopReason.LENGTH and len(handle_tokens(h)) == 20
 
 
 def test_embedding_rows_come_last_and_get_no_logits(engine: Engine) -> None:
@@ -241,7 +235,7 @@ def test_embedding_rows_come_last_and_get_no_logits(engine: Engine) -> None:
     while (step := sched.schedule()) is not None:
         _run(engine, step)
     assert np.array_equal(eh.result(), want_embd)
-    assert _tokens(h0) == want_stream
+    assert handle_tokens(h0) == want_stream
     assert h1.final is not None and h1.final.reason == StopReason.LENGTH
 
 
@@ -274,7 +268,7 @@ def test_prompt_chunks_beside_decoding_streams_keep_to_the_prefill_cap(engine: E
                 assert step.n_tokens[prompt[0]] <= (6 if decoding else BUDGET)
             _run(engine, step)
         assert sizes[0] == 6 and sum(sizes) == len(long_prompt)
-        assert _tokens(h1) == want  # the same tokens as with whole chunks
+        assert handle_tokens(h1) == want  # the same tokens as with whole chunks
     finally:
         sched.prefill_cap = BUDGET
         h0.cancel()
