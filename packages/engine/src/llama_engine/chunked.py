@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import click
 import numba
 import numpy as np
 
@@ -18,9 +21,48 @@ from .arch import DecoderModel, load_model
 from .batch import Batch
 from .tokenizer import Tokenizer
 
-__all__ = ["Loaded", "NllSum", "chunk_logits", "load", "log_probs"]
+__all__ = [
+    "ChunkProgress",
+    "Loaded",
+    "NllSum",
+    "chunk_logits",
+    "flash_attn_option",
+    "load",
+    "log_probs",
+    "seq_layout",
+]
 
 N_UBATCH = 512  # llama.cpp's default physical batch
+
+# llama.cpp's -fa spellings (common/arg.cpp is_truthy / is_falsey / is_autoy)
+_FA = {"on": "on", "enabled": "on", "true": "on", "1": "on", "off": "off", "disabled": "off", "false": "off"}
+_FA |= {"0": "off", "auto": "auto", "-1": "auto"}
+
+
+def _flash_attn(ctx: click.Context, param: click.Parameter, value: str) -> bool:
+    fa = _FA.get(value.strip().lower())
+    if fa is None:
+        raise click.BadParameter(f"error: unknown value for --flash-attn: '{value}'", ctx, param)
+    return fa != "off"  # auto: on, as llama.cpp resolves it on a CPU (every layer supports it)
+
+
+flash_attn_option = click.option(
+    "-fa",
+    "--flash-attn",
+    "flash_attn",
+    default="auto",
+    show_default=True,
+    envvar="LLAMA_ARG_FLASH_ATTN",
+    callback=_flash_attn,
+    help="flash attention: on, off or auto (auto: on)",
+)
+
+
+def seq_layout(n_ctx: int, n_batch: int) -> tuple[int, int]:
+    """(sequences evaluated together, effective batch size) as llama-perplexity and llama-imatrix set their
+    context: ``max(1, n_batch / n_ctx)`` sequences of ``n_ctx`` cells, the batch capped at their total."""
+    n_seq = max(1, n_batch // n_ctx)
+    return n_seq, min(n_batch, n_seq * n_ctx)
 
 
 @dataclass(slots=True)
@@ -41,14 +83,21 @@ def load(path: str | os.PathLike[str], n_threads: int = -1) -> Loaded:
 
 
 def chunk_logits(
-    m: Loaded, tokens: list[int], n_ctx: int, n_batch: int, n_chunk: int, first: int
+    m: Loaded,
+    tokens: list[int],
+    n_ctx: int,
+    n_batch: int,
+    n_chunk: int,
+    first: int,
+    flash_attn: bool = False,
+    n_seq: int = 0,
 ) -> Iterator[tuple[int, list[np.ndarray]]]:
     """For each group of chunks evaluated together: (index of its first chunk, per chunk the logits of
     positions ``first..n_ctx-1`` [n_ctx - first, n_vocab]). The first token of each chunk is replaced by BOS
-    when the model adds one."""
-    n_seq = max(1, n_batch // n_ctx)
+    when the model adds one. ``n_seq``: chunks per group (0: ``n_batch / n_ctx``)."""
+    n_seq = n_seq or max(1, n_batch // n_ctx)
     bos = m.tokenizer.bos_id if m.tokenizer.add_bos else None
-    kv = m.model.make_kv_cache(n_seq * n_ctx, n_seq_max=n_seq, n_ubatch=N_UBATCH)
+    kv = m.model.make_kv_cache(n_seq * n_ctx, n_seq_max=n_seq, n_ubatch=N_UBATCH, flash_attn=flash_attn)
     for i in range(0, n_chunk, n_seq):
         kv.clear()
         n_in = min(n_seq, n_chunk - i)
@@ -118,3 +167,41 @@ def score_chunk(logits: np.ndarray, tokens: list[int], start: int, n_ctx: int, f
     n = n_ctx - 1 - first
     targets = np.asarray(tokens[start + first + 1 : start + n_ctx], np.int64)
     return log_probs(logits[:n], targets)
+
+
+class ChunkProgress:
+    """Progress over chunks on stderr: a bar on a terminal (after whatever stdout printed on the line, erased
+    before the next output), a plain line per finished chunk group otherwise."""
+
+    def __init__(self, label: str, n_chunk: int, n_ctx: int, tty: bool | None = None) -> None:
+        self.label, self.n_chunk, self.n_ctx = label, n_chunk, n_ctx
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.t0 = time.perf_counter()
+        self._drawn = 0
+
+    def line(self, done: int) -> str:
+        """The progress text after ``done`` chunks."""
+        dt = time.perf_counter() - self.t0
+        tok_s = done * self.n_ctx / dt if dt > 0 else 0.0
+        eta = dt / done * (self.n_chunk - done) if done else 0.0
+        return f"chunk {done}/{self.n_chunk}, {tok_s:.1f} tokens/s, ETA {eta:.0f} s"
+
+    def update(self, done: int) -> None:
+        """Report ``done`` of the chunks finished."""
+        if not self.tty:
+            sys.stderr.write(f"{self.label}: {self.line(done)}\n")
+            sys.stderr.flush()
+            return
+        fill = done * 20 // max(self.n_chunk, 1)
+        text = f"  [{'#' * fill}{'.' * (20 - fill)}] {self.line(done)}"
+        self.erase()
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        self._drawn = len(text)
+
+    def erase(self) -> None:
+        """Remove the bar (before printing more, and at the end)."""
+        if self._drawn:
+            sys.stderr.write(f"\033[{self._drawn}D\033[K")
+            sys.stderr.flush()
+            self._drawn = 0

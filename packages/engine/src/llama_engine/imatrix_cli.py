@@ -11,7 +11,7 @@ import click
 from gguf_io import GGUFError
 from llama_quant.imatrix_file import ImatrixData, all_stats, load_raw, rows_to_chunks, save_dat, save_gguf
 
-from .chunked import NllSum, chunk_logits, load, score_chunk
+from .chunked import ChunkProgress, NllSum, chunk_logits, flash_attn_option, load, score_chunk, seq_layout
 from .imatrix import ImatrixCollector, collecting
 
 __all__ = ["main"]
@@ -63,6 +63,7 @@ class _Saver:
 @click.option("-c", "--ctx-size", "n_ctx", type=int, default=512, show_default=True)
 @click.option("-b", "--batch-size", "n_batch", type=int, default=2048, show_default=True)
 @click.option("-t", "--threads", "n_threads", type=int, default=-1)
+@flash_attn_option
 def main(**kw: object) -> None:
     """Compute an importance matrix for a model and calibration text."""
     try:
@@ -75,12 +76,12 @@ def main(**kw: object) -> None:
 def _run(
     model: str, prompt_file: str, out: str, output_format: str, ofreq: int, sfreq: int, process_output: bool,
     in_files: tuple[str, ...], parse_special: bool, i_chunk: int, n_chunks: int, ppl: bool,
-    show_statistics: bool, n_ctx: int, n_batch: int, n_threads: int,
+    show_statistics: bool, n_ctx: int, n_batch: int, n_threads: int, flash_attn: bool,
 ) -> int:  # fmt: skip
     if n_ctx <= 0:
         _log("main: imatrix tool requires '--ctx-size' > 0")
         return 1
-    n_seq = max(1, n_batch // n_ctx)
+    n_seq, n_batch = seq_layout(n_ctx, n_batch)
     chunk_size = n_ctx
     data = ImatrixData(chunk_size=0)
     for f in in_files:
@@ -126,8 +127,10 @@ def _run(
     )
     collector = ImatrixCollector(m.model, data, process_output)
     nll, first, t0 = NllSum(), n_ctx // 2, time.perf_counter()
+    progress = ChunkProgress("compute_imatrix", n_chunk, n_ctx)
     with collecting(m.model, collector):
-        for i, chunk_rows in chunk_logits(m, tokens, n_ctx, n_batch, n_chunk, 0):
+        for i, chunk_rows in chunk_logits(m, tokens, n_ctx, n_batch, n_chunk, 0, flash_attn, n_seq):
+            progress.erase()
             before = data.chunk_count
             data.chunk_count = max(before, rows_to_chunks(collector.max_rows(), chunk_size))
             if i == 0:
@@ -140,6 +143,8 @@ def _run(
                     nll.add(score_chunk(logits[first:], tokens, (i + seq) * n_ctx, n_ctx, first))
                     print(f"[{i + seq + 1}]{nll.ppl:.4f},", end="", flush=True)
             saver.progress(data, before)
+            progress.update(i + len(chunk_rows))
+    progress.erase()
     print()
     if ppl:
         print(nll.final())
