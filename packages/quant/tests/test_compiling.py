@@ -10,10 +10,20 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from numba.core import config as numba_config
 
-from llama_quant.compiling import CompileJob, CompileWatch, default_cache_dir, precompile, sources_digest
+from llama_quant.compiling import (
+    CacheMiss,
+    CompileJob,
+    CompileWatch,
+    cached_only,
+    default_cache_dir,
+    plan_compiles,
+    precompile,
+    sources_digest,
+)
 
 _KERNELS = """
 from numba import njit
@@ -36,6 +46,22 @@ def run_twice():
 def run_both():
     twice(1.5)
     plus_one(2)
+
+
+@njit(cache=True)
+def fill(out, x):
+    for i in range(len(out)):
+        out[i] = x
+
+
+def run_filled():
+    import numpy as np
+
+    out = np.zeros(3)
+    fill(out, 2.0)
+    n = int(twice(1.5))  # a result the caller uses: planned by compiling it
+    fill(out[:n], 1)
+    return out
 """
 
 
@@ -154,3 +180,21 @@ def test_a_failing_job_is_reported(kernels: str) -> None:
     lines: list[str] = []
     assert precompile([CompileJob("broken", f"{kernels}:no_such_function")], lines.append) == 0
     assert any("broken failed (AttributeError" in line for line in lines)
+
+
+def test_plan_lists_what_a_run_would_compile(kernels: str) -> None:
+    module = importlib.import_module(kernels)
+    jobs, finished = plan_compiles(module.run_filled)
+    assert finished
+    # fill twice (float and int argument), each skipped; twice returns a value, so it was compiled here
+    assert [job.name for job in jobs] == [f"{kernels}.fill", f"{kernels}.fill"]
+    assert [str(job.args[2][1]) for job in jobs] == ["float64", "int64"]
+    with pytest.raises(CacheMiss), cached_only():
+        module.fill(np.zeros(2), 1.0)  # planned, not compiled
+    lines: list[str] = []
+    # three jobs for two processes: the first free process takes the third
+    assert precompile([*jobs, CompileJob("run", f"{kernels}:run_both")], lines.append, processes=2) == 3
+    assert sum("jobs finished" in line for line in lines) == 3
+    with CompileWatch() as watch:
+        assert module.run_filled().tolist() == [1.0, 1.0, 1.0]
+    assert watch.compiled == []

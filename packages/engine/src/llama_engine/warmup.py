@@ -2,23 +2,25 @@
 
 ``warm_up(engine)`` first replays the warm-up (a prompt chunk, a decode step, the default sampler chains)
 with compiling forbidden: when every kernel loads from numba's cache (any start after the first) that is
-all it does. Otherwise it compiles in child processes at once (``llama_quant.compiling.precompile``), one
-job each for the prompt pass, the decode pass and the sampler chains, reporting each kernel as it is
-compiled, and then replays the warm-up in this process, which now loads from the cache. Whatever a child
-could not compile is compiled here, so a failing child costs time, never correctness.
+all it does. Otherwise it plans: the two forward passes run once more with every kernel the cache lacks
+skipped and listed with its argument types (``llama_quant.compiling.plan_compiles``; the passes compute
+garbage, nothing is compiled). Each listed kernel is one job, the sampler chains another, and compiling
+processes (one per CPU, ``precompile``) take the jobs one at a time, parallel kernels and the sampler
+chains first (they take longest), reporting each kernel as it is compiled. Then the warm-up replays in
+this process, which now loads from the cache. Whatever a process could not compile is compiled here, so
+a failing job costs time, never correctness; a pass the plan could not finish becomes one job of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
-from llama_quant.compiling import CompileJob, CompileWatch, precompile
+from llama_quant.compiling import CacheMiss, CompileJob, CompileWatch, cached_only, plan_compiles, precompile
 
 from .batch import Batch
 from .sampling import Sampler, SamplingParams
@@ -35,25 +37,6 @@ _PROMPT_TOKENS = 12  # a prompt chunk long enough for the many-lane (prompt) ker
 _JOB_CTX = 256  # KV cells a warm-up child allocates: the kernels' types do not depend on it
 
 
-class _WouldCompile(Exception):
-    """Raised from numba's compile event: the warm-up needs a kernel the cache does not hold."""
-
-
-class _NoCompiling(CompileWatch):
-    def on_start(self, event: object) -> None:
-        raise _WouldCompile
-
-    def on_end(self, event: object) -> None:  # numba ends the event it could not start
-        pass
-
-
-@contextmanager
-def _cached_only() -> Iterator[None]:
-    """Fail on the first kernel numba would compile (raised before it starts, so nothing is half done)."""
-    with _NoCompiling():
-        yield
-
-
 def warm_up(
     engine: Engine,
     sampling: tuple[SamplingParams, ...] = DEFAULT_CHAINS,
@@ -63,10 +46,10 @@ def warm_up(
     loaded from the cache, or compiled first (in parallel processes) when the cache lacks them. Returns the
     number of kernels compiled. ``report`` receives progress lines (default: INFO log lines)."""
     try:
-        with _cached_only():
+        with cached_only():
             _replay(engine, sampling)
         return 0
-    except _WouldCompile:
+    except CacheMiss:
         pass
     n = precompile(_jobs(engine, sampling), report)
     with CompileWatch() as watch:  # what the children left (none, unless one failed)
@@ -102,13 +85,40 @@ def warm_sampling(n_vocab: int, chains: tuple[SamplingParams, ...] = DEFAULT_CHA
 
 
 def _jobs(engine: Engine, sampling: tuple[SamplingParams, ...]) -> list[CompileJob]:
+    """The compile jobs, longest first: the passes' parallel kernels, the sampler chains (one job: their
+    kernels' results steer the chain, so they cannot be planned), the passes' other kernels, and last
+    each pass whose plan stopped early (it then finds most of its kernels cached)."""
     cfg = dataclasses.replace(engine.config, n_ctx=max(_JOB_CTX, 16 * engine.config.n_parallel), warmup=False)
-    path = engine.gguf.path
-    return [
-        CompileJob("prompt pass", f"{__name__}:_forward_job", (path, cfg, _PROMPT_TOKENS)),
-        CompileJob("decode pass", f"{__name__}:_forward_job", (path, cfg, 1)),
-        CompileJob("sampling", f"{__name__}:warm_sampling", (engine.model.config.n_vocab, sampling)),
-    ]
+    scratch = _scratch_engine(engine.gguf.path, cfg)  # the plan's garbage stays in its tables
+    kernels: list[CompileJob] = []
+    rest: list[CompileJob] = []
+    for name, n_tokens in (("prompt pass", _PROMPT_TOKENS), ("decode pass", 1)):
+        planned, finished = plan_compiles(lambda n=n_tokens: _forward(scratch, n))  # type: ignore[misc]
+        kernels += [job for job in planned if job not in kernels]
+        if not finished:  # the rest of the pass, whatever it needs
+            rest.append(CompileJob(name, f"{__name__}:_forward_job", (engine.gguf.path, cfg, n_tokens)))
+    chains = CompileJob("sampling", f"{__name__}:warm_sampling", (engine.model.config.n_vocab, sampling))
+    parallel = [job for job in kernels if _is_parallel(job)]
+    return [*parallel, chains, *(job for job in kernels if job not in parallel), *rest]
+
+
+def _scratch_engine(path: str, config: EngineConfig) -> Engine:
+    from .engine import Engine
+
+    return Engine(path, config)
+
+
+def _is_parallel(job: CompileJob) -> bool:
+    """Whether a kernel job's kernel has parallel loops (``parallel=True``)."""
+    if not job.target.endswith(":compile_kernel"):
+        return False
+    import importlib
+
+    module, qualname, _ = job.args
+    obj: object = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return bool(getattr(obj, "targetoptions", {}).get("parallel"))
 
 
 def _forward_job(path: str, config: EngineConfig, n_tokens: int) -> None:

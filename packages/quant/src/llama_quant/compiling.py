@@ -42,10 +42,14 @@ from numba.core import config as _numba_config
 from numba.core import event as _event
 
 __all__ = [
+    "CacheMiss",
     "CompileJob",
     "CompileWatch",
+    "cached_only",
+    "compile_kernel",
     "configure_cache",
     "default_cache_dir",
+    "plan_compiles",
     "precompile",
     "shared_compiles",
     "sources_digest",
@@ -164,47 +168,174 @@ class CompileWatch(_event.Listener):
         _event.unregister("numba:compile", self)
 
 
+_lock_dir: str | None = None  # set while shared_compiles is active
+
+
+@contextlib.contextmanager
+def _function_lock(dispatcher: Any) -> Iterator[None]:
+    """Hold the exclusive file lock named after ``dispatcher``'s function (while ``shared_compiles``)."""
+    if _lock_dir is None:
+        yield
+        return
+    key = hashlib.sha1(
+        f"{dispatcher.py_func.__code__.co_filename}:{_kernel_name(dispatcher)}".encode()
+    ).hexdigest()
+    with open(os.path.join(_lock_dir, key[:20] + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when a crashed process exits
+        yield
+
+
 @contextlib.contextmanager
 def shared_compiles(lock_dir: str | os.PathLike[str]) -> Iterator[None]:
-    """While active, a kernel called from Python with argument types it has no machine code for compiles
-    under an exclusive file lock named after the function: another process that needs the same function
-    waits, then loads what the first one cached instead of compiling it again. One lock per function, not
-    per signature, because numba rewrites a function's whole cache index when it saves an entry."""
+    """While active, a kernel called from Python with argument types it has no machine code for (or
+    compiled by ``compile_kernel``) compiles under an exclusive file lock named after the function: another
+    process that needs the same function waits, then loads what the first one cached instead of compiling
+    it again. One lock per function, not per signature, because numba rewrites a function's whole cache
+    index when it saves an entry."""
+    global _lock_dir
     from numba.core.dispatcher import Dispatcher
 
     Path(lock_dir).mkdir(parents=True, exist_ok=True)
     original = Dispatcher._compile_for_args  # type: ignore[attr-defined]
 
     def compile_for_args(self: Any, *args: Any, **kws: Any) -> Any:
-        key = hashlib.sha1(f"{self.py_func.__code__.co_filename}:{_kernel_name(self)}".encode()).hexdigest()
-        with open(os.path.join(lock_dir, key[:20] + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when a crashed process exits
+        with _function_lock(self):
             return original(self, *args, **kws)
 
     Dispatcher._compile_for_args = compile_for_args  # type: ignore[attr-defined]
+    _lock_dir = os.fspath(lock_dir)
     try:
         yield
     finally:
+        _lock_dir = None
         Dispatcher._compile_for_args = original  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
 class CompileJob:
-    """One warm-up job for a child process: ``target`` is ``"module:function"``, called with ``args``
-    (picklable). It should import only what it compiles: each child pays its own imports."""
+    """One warm-up job for a compiling process: ``target`` is ``"module:function"``, called with ``args``
+    (picklable). It should import only what it compiles: each process pays its own imports."""
 
     name: str
     target: str
     args: tuple[Any, ...] = field(default=())
 
 
+class _WouldCompile(Exception):
+    """Raised from numba's compile event: a kernel is not in the cache."""
+
+
+class _NoCompiling(CompileWatch):
+    def __init__(self) -> None:
+        super().__init__()
+        self.allowed = 0  # > 0 while a compile is allowed after all (plan_compiles)
+
+    def on_start(self, event: object) -> None:
+        if not self.allowed:
+            raise _WouldCompile
+
+    def on_end(self, event: object) -> None:  # numba ends the event it could not start
+        pass
+
+
+@contextlib.contextmanager
+def cached_only() -> Iterator[None]:
+    """While active, a kernel numba would compile raises ``CacheMiss`` instead (before it starts, so
+    nothing is half done); kernels in the cache load and run as usual."""
+    try:
+        with _NoCompiling():
+            yield
+    except _WouldCompile:
+        raise CacheMiss from None
+
+
+class CacheMiss(Exception):
+    """``cached_only``: a kernel the cache does not hold was called."""
+
+
+def _skipped(*args: Any, **kws: Any) -> None:
+    return None
+
+
+def _returns_value(fn: Any) -> bool:
+    """Whether a kernel's Python source returns a value anywhere (not only None)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    return any(
+        isinstance(node, ast.Return)
+        and node.value is not None
+        and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+        for node in ast.walk(tree)
+    )
+
+
+def plan_compiles(run: Callable[[], object]) -> tuple[list[CompileJob], bool]:
+    """Call ``run`` with compiling forbidden, listing the kernels it calls from Python that the cache lacks
+    as ``compile_kernel`` jobs (each with the argument types of its call) instead of compiling them: such
+    a call is skipped, so ``run`` goes on with whatever its outputs held (run it on scratch state). A
+    kernel that returns a value is compiled and run here instead (its result may steer ``run``); kernels
+    in the cache run as usual. Returns the jobs, in call order without repeats, and whether ``run``
+    finished (it may not when it used something a skipped kernel left undefined)."""
+    from numba.core.dispatcher import Dispatcher, OmittedArg
+    from numba.core.types import Omitted
+
+    jobs: dict[tuple[str, str, tuple[Any, ...]], CompileJob] = {}
+    original = Dispatcher._compile_for_args  # type: ignore[attr-defined]
+    guard = _NoCompiling()
+
+    def record(self: Any, *args: Any, **kws: Any) -> Any:
+        try:
+            return original(self, *args, **kws)
+        except _WouldCompile:
+            pass
+        if _returns_value(self.py_func):
+            guard.allowed += 1
+            try:
+                return original(self, *args, **kws)
+            finally:
+                guard.allowed -= 1
+        sig = tuple(Omitted(a.value) if isinstance(a, OmittedArg) else self.typeof_pyval(a) for a in args)
+        key = (self.py_func.__module__, self.py_func.__qualname__, sig)
+        jobs.setdefault(key, CompileJob(_kernel_name(self), f"{__name__}:compile_kernel", key))
+        return _skipped
+
+    Dispatcher._compile_for_args = record  # type: ignore[attr-defined]
+    try:
+        with guard:
+            run()
+        finished = True
+    except Exception:  # something a skipped kernel left undefined
+        finished = False
+    finally:
+        Dispatcher._compile_for_args = original  # type: ignore[attr-defined]
+    return list(jobs.values()), finished
+
+
+def compile_kernel(module: str, qualname: str, sig: tuple[Any, ...]) -> None:
+    """A job: compile the kernel ``module.qualname`` for the argument types ``sig`` (into the cache)."""
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    with _function_lock(obj):
+        obj.compile(sig)  # loads from the cache when another process compiled it meanwhile
+
+
 def _child() -> None:
-    """A child's body (``python -c``): read (job, lock dir, sys.path) pickled on stdin, run the job with
-    compiles shared through the cache, and write one event line per kernel and one at the end on stdout."""
+    """A compiling process's body (``python -c``): read (lock dir, sys.path) and then one job at a time
+    pickled on stdin; run each with compiles shared through the cache, writing one event line per kernel
+    and one when the job ends (done or failed) on stdout; stop at the end of stdin."""
     import importlib
     import pickle
 
-    job, lock_dir, path = pickle.load(sys.stdin.buffer)
+    lock_dir, path = pickle.load(sys.stdin.buffer)
     sys.path[:] = path
     events, sys.stdout = sys.stdout, sys.stderr  # only events on the pipe
 
@@ -212,49 +343,65 @@ def _child() -> None:
         events.write("\t".join(str(f).replace("\t", " ").replace("\n", " ") for f in fields) + "\n")
         events.flush()
 
-    module, _, func = job.target.partition(":")
-    try:
-        with shared_compiles(lock_dir), CompileWatch(lambda name, s: send("kernel", name, f"{s:.1f}")):
-            getattr(importlib.import_module(module), func)(*job.args)
-    except BaseException as e:  # the parent compiles whatever this child did not
-        send("failed", f"{type(e).__name__}: {e}")
-        raise SystemExit(1) from None
-    send("done")
+    with shared_compiles(lock_dir), CompileWatch(lambda name, s: send("kernel", name, f"{s:.1f}")):
+        while True:
+            try:
+                job = pickle.load(sys.stdin.buffer)
+            except EOFError:
+                return
+            module, _, func = job.target.partition(":")
+            try:
+                getattr(importlib.import_module(module), func)(*job.args)
+            except Exception as e:  # the caller compiles whatever this job did not
+                send("failed", f"{type(e).__name__}: {e}")
+            else:
+                send("done")
 
 
 def _say(report: Callable[[str], None] | None, msg: str) -> None:
     (report or log.info)(msg)
 
 
+def _n_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def precompile(
     jobs: Sequence[CompileJob],
     report: Callable[[str], None] | None = None,
     timeout: float = 1800.0,
+    processes: int | None = None,
 ) -> int:
-    """Run ``jobs`` in child processes at once and report each kernel they compile as it finishes
-    (``report``, default INFO lines on this module's logger). Returns the number of kernels compiled.
+    """Run ``jobs`` in ``processes`` compiling processes (default: one per CPU, at most one per job), each
+    taking the next job in order when it finishes one (so put the longest first), and report each kernel
+    they compile as it finishes (``report``, default INFO lines on this module's logger). Returns the
+    number of kernels compiled.
 
-    A child is a fresh interpreter (``python -c``, never a re-import of ``__main__``) that imports only
-    what its job needs. A failing job is reported, not raised: whatever it did not cache the caller
+    A process is a fresh interpreter (``python -c``, never a re-import of ``__main__``) that imports only
+    what its jobs need. A failing job is reported, not raised: whatever it did not cache the caller
     compiles itself later. Does nothing without a numba cache directory."""
     if not jobs or not _cache_dir():
         return 0
     t0 = time.perf_counter()
-    _say(report, f"compiling kernels in {len(jobs)} processes (first start; cached in {_cache_dir()})")
-    lines: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
-    procs = [_spawn(job, lines) for job in jobs]
+    n_procs = max(1, min(len(jobs), processes or _n_cpus()))
+    _say(
+        report,
+        f"compiling kernels: {len(jobs)} jobs in {n_procs} processes (first start; cached in {_cache_dir()})",
+    )
+    lines: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
+    pool = _Pool([_spawn(i, lines) for i in range(n_procs)], list(jobs))
     try:
-        n_kernels = _collect(lines, len(jobs), t0 + timeout, report)
+        n_kernels = pool.run(lines, t0 + timeout, report)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        pool.stop()  # kills what still runs after the timeout
     _say(report, f"compiled {n_kernels} kernels in {time.perf_counter() - t0:.1f} s")
     return n_kernels
 
 
-def _spawn(job: CompileJob, lines: queue.SimpleQueue[tuple[str, str | None]]) -> subprocess.Popen[bytes]:
+def _spawn(index: int, lines: queue.SimpleQueue[tuple[int, str | None]]) -> subprocess.Popen[bytes]:
     import pickle
 
     proc = subprocess.Popen(
@@ -265,45 +412,87 @@ def _spawn(job: CompileJob, lines: queue.SimpleQueue[tuple[str, str | None]]) ->
         env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(pickle.dumps((job, os.path.join(_cache_dir(), "locks"), sys.path)))
-    proc.stdin.close()
+    proc.stdin.write(pickle.dumps((os.path.join(_cache_dir(), "locks"), sys.path)))
+    proc.stdin.flush()
     out = proc.stdout
 
     def read() -> None:
         for raw in out:
-            lines.put((job.name, raw.decode(errors="replace").rstrip("\n")))
-        lines.put((job.name, None))
+            lines.put((index, raw.decode(errors="replace").rstrip("\n")))
+        lines.put((index, None))
 
-    threading.Thread(target=read, name=f"compile-{job.name}", daemon=True).start()
+    threading.Thread(target=read, name=f"compile-{index}", daemon=True).start()
     return proc
 
 
-def _collect(
-    lines: queue.SimpleQueue[tuple[str, str | None]],
-    n_jobs: int,
-    deadline: float,
-    report: Callable[[str], None] | None,
-) -> int:
-    """Report the children's event lines until every child's output has ended."""
-    n_kernels, ended, finished = 0, 0, 0
-    while ended < n_jobs:
-        try:
-            job, line = lines.get(timeout=max(0.0, deadline - time.perf_counter()))
-        except queue.Empty:
-            break
-        if line is None:
-            ended += 1
-            continue
-        kind, _, rest = line.partition("\t")
-        if kind == "kernel":
-            n_kernels += 1
-            name, _, seconds = rest.partition("\t")
-            _say(report, f"compiling kernels: #{n_kernels} {name} ({job}, {seconds} s)")
-        elif kind in ("done", "failed"):
-            finished += 1
-            state = "done" if kind == "done" else f"failed ({rest})"
-            _say(report, f"compiling kernels: {finished}/{n_jobs} jobs finished, {job} {state}")
-    return n_kernels
+class _Pool:
+    """Compiling processes fed one job at a time from a shared list, in order."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], jobs: list[CompileJob]) -> None:
+        self.procs, self.todo, self.n_jobs = procs, jobs, len(jobs)
+        self.current: list[CompileJob | None] = [None] * len(procs)
+        self.finished = 0
+        for i in range(len(procs)):
+            self._feed(i)
+
+    def _feed(self, i: int) -> None:
+        """Give process i the next job, or close its stdin (it then exits) when none is left."""
+        import pickle
+
+        stdin = self.procs[i].stdin
+        assert stdin is not None
+        job = self.todo.pop(0) if self.todo else None
+        self.current[i] = job
+        with contextlib.suppress(OSError):  # a process that died reports its end on stdout
+            if job is None:
+                stdin.close()
+            else:
+                stdin.write(pickle.dumps(job))
+                stdin.flush()
+
+    def run(
+        self,
+        lines: queue.SimpleQueue[tuple[int, str | None]],
+        deadline: float,
+        report: Callable[[str], None] | None,
+    ) -> int:
+        """Report the processes' event lines until every process's output has ended."""
+        n_kernels, ended = 0, 0
+        while ended < len(self.procs):
+            try:
+                i, line = lines.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                break
+            job = self.current[i]
+            if line is None:
+                ended += 1
+                if job is not None:  # the process died within a job
+                    self._end(i, job, "failed (the compiling process exited)", report)
+                continue
+            kind, _, rest = line.partition("\t")
+            if kind == "kernel" and job is not None:
+                n_kernels += 1
+                name, _, seconds = rest.partition("\t")
+                _say(report, f"compiling kernels: #{n_kernels} {name} ({job.name}, {seconds} s)")
+            elif kind in ("done", "failed") and job is not None:
+                self._end(i, job, "done" if kind == "done" else f"failed ({rest})", report)
+                self._feed(i)
+        return n_kernels
+
+    def _end(self, i: int, job: CompileJob, state: str, report: Callable[[str], None] | None) -> None:
+        self.finished += 1
+        self.current[i] = None
+        _say(report, f"compiling kernels: {self.finished}/{self.n_jobs} jobs finished, {job.name} {state}")
+
+    def stop(self) -> None:
+        """End every process: each has ended its output by now, unless the deadline passed."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stdin is not None:
+                with contextlib.suppress(OSError):
+                    p.stdin.close()
 
 
 # On import, so that `import llama_quant` (which imports this module first) settles where numba caches
