@@ -97,5 +97,5 @@ def test_scaling_from_metadata() -> None:
     assert yarn.attn_factor == pytest.approx(1.0, abs=1e-6)
     linear = rope_scaling({"llama.rope.scale_linear": 2.0}, "llama", 2048)
     assert linear.freq_scale == 0.5 and linear.ext_factor == 0.0
-    with pytest.raises(ValueError, match="longrope"):
-        rope_scaling({"llama.rope.scaling.type": "longrope"}, "llama", 2048)
+    with pytest.raises(ValueError, match="dynamic"):
+        rope_scaling({"llama.rope.scaling.type": "dynamic"}, "llama", 2048)

@@ -160,6 +160,7 @@ class Engine:
             resolve_flash_attn(config.flash_attn, config.cache_type_k, config.cache_type_v, c.head_dim),
         )
         n_ctx_slot = n_ctx if config.kv_unified else n_ctx // config.n_parallel
+        self.model.n_ctx_seq = n_ctx_slot  # llama.cpp's n_ctx_seq: picks Phi-3's long or short RoPE factors
         self.n_ctx_slot = min(n_ctx_slot, c.n_ctx_train)
         self.scheduler = Scheduler(
             self.kv,

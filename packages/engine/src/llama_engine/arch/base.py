@@ -31,7 +31,7 @@ from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
 from ..lora import LoraAdapter
-from .rope_scaling import rope_scaling
+from .rope_scaling import FREQ_FACTOR_TENSORS, freq_factors, rope_scaling
 from .workspace import EMPTY, Rows, Workspace
 
 __all__ = [
@@ -140,6 +140,9 @@ class DecoderModel:
         self.config = self.make_config(gguf.header)
         self.rope_scaling = rope_scaling(gguf.metadata, gguf.header.architecture, self.config.n_ctx_train)
         self._gguf = gguf
+        # rope_freqs / longrope factors, by tensor name; which one applies depends on n_ctx_seq
+        self._rope_factors = {n: v for n in FREQ_FACTOR_TENSORS if (v := self.vec_or_none(n)) is not None}
+        self.n_ctx_seq = self.config.n_ctx_train  # a sequence's context: the engine sets it (longrope)
         self.tok_embd_type = gguf.tensors["token_embd.weight"].ggml_type
         self._tok_embd_raw = gguf.tensor_bytes("token_embd.weight")
         self._tok_row_bytes = self._tok_embd_raw.nbytes // self.config.n_vocab
@@ -312,7 +315,8 @@ class DecoderModel:
             if swa:  # llama.cpp: sliding-window layers keep their own freq_scale (1 unless set)
                 scaling = dataclasses.replace(scaling, freq_scale=1.0)
             args = scaling.table_args(c.rope_dims, base)
-            table = ops.rope_cache(max(n_pos, 4096), c.rope_dims, base, **args)
+            ff = freq_factors(self._rope_factors, self.n_ctx_seq, scaling.n_ctx_orig)
+            table = ops.rope_cache(max(n_pos, 4096), c.rope_dims, base, **args, freq_factors=ff)
             self._rope[(base, swa)] = table
         return table
 

@@ -1,6 +1,6 @@
 """Rotary position embeddings as ggml_rope computes them: the cos/sin table (with ggml's rope_yarn: linear
-frequency scaling, YaRN's ramp between interpolation and extrapolation, the magnitude factor) and the
-rotation."""
+frequency scaling, YaRN's ramp between interpolation and extrapolation, the magnitude factor, and the
+per-dimension frequency factors of ggml_rope_ext's third operand) and the rotation."""
 
 from __future__ import annotations
 
@@ -26,20 +26,30 @@ def rope_cache(
     ext_factor: float = 0.0,
     attn_factor: float = 1.0,
     corr_dims: tuple[float, float] = (0.0, 0.0),
+    freq_factors: np.ndarray | None = None,
 ) -> np.ndarray:
     """cos/sin table [n_pos, n_dims/2, 2] exactly as ggml_rope_cache_init builds it: theta starts at the
     position and is multiplied by theta_scale = powf(base, -2/n_dims) step by step, in float32; each entry
     is ggml's rope_yarn (freq_scale * theta, mixed with the unscaled theta by the YaRN ramp over corr_dims
     when ext_factor != 0, cos and sin times attn_factor, itself times 1 + 0.1 ln(1/freq_scale) then);
-    cosf/sinf/logf are the C library's (numba calls them for float32 arguments)."""
+    cosf/sinf/logf are the C library's (numba calls them for float32 arguments). `freq_factors`
+    (float32 [n_dims/2]: Llama 3's rope_freqs, Phi-3's longrope factors) divide each dimension's theta
+    first, as ggml_rope_cache_init does; without them the divisor is 1 (exact)."""
     theta_scale = _powf(np.float32(freq_base), np.float32(-2.0) / np.float32(n_dims))
     fs, ext = np.float32(freq_scale), np.float32(ext_factor)
     mscale = np.float32(attn_factor)
     if ext != 0:
         mscale = mscale * (np.float32(1.0) + np.float32(0.1) * logf(np.float32(1.0) / fs))
     low, high = np.float32(corr_dims[0]), np.float32(corr_dims[1])
-    out = np.empty((n_pos, n_dims // 2, 2), np.float32)
-    _rope_cache(out, n_pos, n_dims // 2, np.float32(theta_scale), fs, ext, np.float32(mscale), low, high)
+    half = n_dims // 2
+    if freq_factors is None:
+        ff = np.ones(half, np.float32)
+    else:
+        ff = np.ascontiguousarray(freq_factors, np.float32)
+        if ff.shape != (half,):
+            raise ValueError(f"RoPE frequency factors must have {half} values, got shape {ff.shape}")
+    out = np.empty((n_pos, half, 2), np.float32)
+    _rope_cache(out, n_pos, half, np.float32(theta_scale), fs, ext, np.float32(mscale), low, high, ff)
     return out
 
 
@@ -86,17 +96,19 @@ def _rope_cache(
     mscale: np.float32,
     low: np.float32,
     high: np.float32,
+    ff: np.ndarray,
 ) -> None:
     one, zero = np.float32(1.0), np.float32(0.0)
     span = max(np.float32(0.001), high - low)
     for p in range(n_pos):
         theta = np.float32(p)
         for i in range(half):
-            t = freq_scale * theta  # theta_interp
+            extrap = theta / ff[i]  # theta_extrap: the dimension's frequency factor divides first
+            t = freq_scale * extrap  # theta_interp
             if ext_factor != zero:  # rope_yarn_ramp(low, high, i0) with i0 / 2 == i
                 y = (np.float32(i) - low) / span
                 ramp = (one - min(one, max(zero, y))) * ext_factor
-                t = t * (one - ramp) + theta * ramp
+                t = t * (one - ramp) + extrap * ramp
             out[p, i, 0] = math.cos(t) * mscale
             out[p, i, 1] = math.sin(t) * mscale
             theta = theta * theta_scale
