@@ -140,7 +140,8 @@ def test_return_progress_native_with_timings(c):
     assert first["prompt_n"] == 0 and first["prompt_ms"] == 0.0 and first["predicted_n"] == 0
     ms = 0.0
     for ch in prog:
-        assert ch["content"] == "" and ch["stop"] is False
+        # llama-server's progress update is an empty token output: token id 0, no text
+        assert ch["content"] == "" and ch["stop"] is False and ch["tokens"] == [0]
         t = ch["timings"]
         assert all(v is not None and v >= 0 for v in t.values()) and t["prompt_ms"] >= ms
         assert t["prompt_n"] == ch["prompt_progress"]["processed"] - ch["prompt_progress"]["cache"]

@@ -11,9 +11,15 @@ from pathlib import Path
 
 import click
 import httpx
+import numpy as np
 import pytest
 from conftest import Server, smollm2_path, sse_events, start_server, stop_server
 
+from llama_engine.grammar.matcher import GrammarMatcher, compile_grammar
+from llama_engine.grammar.triggers import GrammarTrigger, TriggerType
+from llama_engine.grammar.vocab import GrammarVocab
+from llama_engine.sampling import ReasoningBudgetParams, Sampler, SamplingParams
+from llama_engine.sampling.reasoning_budget import UNLIMITED, BudgetState
 from llama_server.cli import build_config, main
 
 SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
@@ -83,3 +89,66 @@ def test_budget_flag_values():
     assert cfg("--reasoning-budget", "5", "--reasoning-budget-message", "x").reasoning_budget_message == "x"
     with pytest.raises(click.BadParameter):
         main.make_context("llama-server", ["-m", str(smollm2_path()), "--reasoning-budget", "-2"])
+
+
+# -- the budget and a lazy grammar (common_sampler: grammar_should_apply, the end sequence replayed) -------
+
+THINK, END_THINK, EOG = 256, 257, 300
+
+
+def _lazy_sampler(trigger: GrammarTrigger, grammar: str) -> Sampler:
+    """A byte vocabulary (256 + <think>, </think>; 300 ends generation), a lazy grammar and a budget that
+    only tracks the thinking block (no count), opened by the generation prompt."""
+    pieces = [bytes([i]) for i in range(256)] + [b"<think>", b"</think>"]
+    pieces += [b"<unused>"] * (EOG - len(pieces)) + [b"</s>"]
+    matcher = GrammarMatcher(
+        compile_grammar(grammar), GrammarVocab(pieces, [EOG]), lazy=True, triggers=(trigger,)
+    )
+    budget = ReasoningBudgetParams(UNLIMITED, (THINK,), ((END_THINK,),), (END_THINK,), (THINK,))
+    params = SamplingParams(temperature=0.0, reasoning_budget=budget)
+    return Sampler(params, EOG + 1, eog_tokens=[EOG], grammar=matcher)
+
+
+def _pick(smpl: Sampler, token: int) -> int:
+    """Sample with logits that favour `token`."""
+    logits = np.zeros(EOG + 1, np.float32)
+    logits[token] = 10.0
+    out = smpl.sample(logits)
+    smpl.accept(out)
+    return out
+
+
+def test_a_lazy_grammar_is_not_triggered_inside_the_thinking_block():
+    smpl = _lazy_sampler(GrammarTrigger(type=TriggerType.WORD, value="<tool>"), 'root ::= "<tool>" [0-9]+')
+    assert smpl.grammar is not None
+    for b in b"I could call <tool>x":  # the trigger word while thinking: nothing is constrained
+        assert _pick(smpl, b) == b
+    assert smpl.grammar.awaiting
+    assert _pick(smpl, END_THINK) == END_THINK
+    for b in b"ok <tool>":
+        assert _pick(smpl, b) == b
+    assert not smpl.grammar.awaiting  # after the block the trigger fires
+    assert chr(_pick(smpl, ord("x"))).isdigit()  # and the grammar constrains the answer
+
+
+def test_the_closing_tag_is_replayed_into_the_grammar():
+    """A trigger in the end sequence (here the </think> token itself) fires when the block closes."""
+    trigger = GrammarTrigger(type=TriggerType.TOKEN, token=END_THINK)
+    smpl = _lazy_sampler(trigger, "root ::= <[257]> [0-9]+")
+    assert smpl.grammar is not None
+    for b in b"hmm":
+        _pick(smpl, b)
+    assert smpl.grammar.awaiting
+    assert _pick(smpl, END_THINK) == END_THINK
+    assert not smpl.grammar.awaiting and chr(_pick(smpl, ord("x"))).isdigit()
+
+
+def test_a_control_request_forces_the_end_at_the_next_token():
+    smpl = _lazy_sampler(GrammarTrigger(type=TriggerType.WORD, value="<tool>"), 'root ::= "<tool>" [0-9]+')
+    assert smpl.budget is not None
+    _pick(smpl, ord("a"))
+    smpl.budget.request_end()  # from another thread: acted on before the next token
+    assert _pick(smpl, ord("b")) == END_THINK
+    assert smpl.budget.state == BudgetState.DONE
+    smpl.budget.request_end()  # no longer thinking: nothing changes
+    assert _pick(smpl, ord("c")) == ord("c")

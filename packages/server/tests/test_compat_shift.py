@@ -39,6 +39,16 @@ def shifting(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture(scope="module")
+def shifting2(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    tmp = tmp_path_factory.mktemp("shift-n2")
+    args = ("-m", str(model), "-c", "256", "-np", "2", "--temp", "0", "--context-shift")
+    s = start_server(tmp, *args)
+    with s.client() as c:
+        yield c
+    stop_server(s)
+
+
+@pytest.fixture(scope="module")
 def fixed(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     s = start_server(tmp_path_factory.mktemp("shift-off"), "-m", str(model), "-c", "128", "-np", "1")
     with s.client() as c:
@@ -55,6 +65,8 @@ def fixed(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[htt
         (10, 500, False, 127, 128, (10, 116)),  # clamped to n_left - 1
         (500, 0, False, 127, 128, (124, 1)),  # n_keep capped at n_ctx - 4
         (126, 0, False, 127, 128, (124, 1)),
+        (-1, 0, False, 127, 128, (1, 63)),  # -1: the whole prompt (one token here)
+        (-1, 0, True, 127, 128, (2, 62)),
     ],
 )
 def test_shift_sizes_follow_llama_server(n_keep, n_discard, bos, n_past, n_ctx, expected) -> None:
@@ -136,3 +148,40 @@ def test_stream_stops_at_the_context_end(fixed: httpx.Client) -> None:
     chunks = [json.loads(e) for e in sse_events(r.text) if e != "[DONE]"]
     reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     assert reasons[-1] == "length" and all(x is None for x in reasons[:-1])
+
+
+def test_the_whole_prompt_is_kept_with_n_keep_minus_one(model: Path) -> None:
+    engine = Engine(model, EngineConfig(n_ctx=64, n_parallel=1, n_batch=32, warmup=False)).start()
+    try:
+        prompt = list(range(40, 60))
+        req = GenerationRequest(prompt=prompt, max_tokens=100, sampling=GREEDY, context_shift=True, n_keep=-1)
+        h = engine.submit(req)
+        toks = [ev.token for ev in h if isinstance(ev, TokenEvent)]
+        assert h.final is not None and h.final.truncated and len(toks) == 100
+        tokens = engine.scheduler.slots[0].tokens
+        assert tokens[:20] == prompt  # the prompt survived every shift
+        assert tokens == _expected_cache(prompt, toks, 20, (63 - 20) // 2, 64)
+    finally:
+        engine.shutdown()
+
+
+def test_generation_settings_report_the_raw_n_keep(shifting: httpx.Client) -> None:
+    body = shifting.post("/completion", json={"prompt": PROMPT, "n_predict": 150, "n_keep": -1}).json()
+    assert body["generation_settings"]["n_keep"] == -1  # as llama-server: the request's value
+    assert body["truncated"] is True and body["timings"]["predicted_n"] == 150
+
+
+def test_several_choices_refuse_a_context_shift(shifting2: httpx.Client) -> None:
+    """llama-server: the n_cmpl > 1 choices of one prompt share it, a shift is an error (500)."""
+    body = {"prompt": PROMPT, "n_predict": 200, "n": 2, "ignore_eos": True}
+    r = shifting2.post("/completion", json=body)
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["message"] == "context shift cannot be used for shared prompt"
+    assert err["type"] == "server_error"
+    # one choice shifts as usual; several choices that fit are fine
+    one = shifting2.post("/completion", json={**body, "n": 1})
+    assert one.status_code == 200 and one.json()["truncated"] is True
+    two = shifting2.post("/completion", json={**body, "n_predict": 20})
+    assert two.status_code == 200 and [c["truncated"] for c in two.json()] == [False, False]
+    assert shifting2.get("/health").status_code == 200

@@ -12,11 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
+
+if TYPE_CHECKING:
+    from .sampling import Sampler
 
 __all__ = [
     "Embed",
@@ -56,6 +59,7 @@ class RequestHandle:
         self._wake = wake
         self.cancelled = threading.Event()
         self.final: FinalEvent | None = None
+        self.sampler: Sampler | None = None  # set by the engine thread when the request takes a slot
 
     def _emit(self, ev: Event) -> None:
         if isinstance(ev, FinalEvent):
@@ -72,6 +76,17 @@ class RequestHandle:
         self.cancelled.set()
         if self._wake is not None:
             self._wake()
+
+    def end_reasoning(self) -> bool:
+        """End the thinking block at the next token (a control request): the reasoning budget forces its
+        closing sequence. False when the request holds no slot (waiting or finished) or has no budget."""
+        sampler = self.sampler
+        if self.final is not None or sampler is None or sampler.budget is None:
+            return False
+        sampler.budget.request_end()
+        if self._wake is not None:
+            self._wake()
+        return True
 
     def __iter__(self) -> Iterator[Event]:
         while True:

@@ -52,6 +52,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     n_keep: int = 0  # tokens kept at the start when the context shifts (+1 for the BOS, as llama.cpp)
     n_discard: int = 0  # tokens dropped after n_keep when the context shifts; 0: half of the rest
     context_shift: bool = False  # shift (drop half after n_keep) instead of stopping when the context is full
+    shared_prompt: bool = False  # one of n_cmpl > 1 choices of a prompt: a needed shift is an error instead
     post_sampling_probs: bool = False  # n_probs after the sampler chain instead of over the raw logits
     timings_per_token: bool = False  # every TokenEvent carries the request's timings so far
     return_progress: bool = False  # a ProgressEvent before the prompt is evaluated and after each chunk

@@ -233,7 +233,7 @@ class Scheduler:
         self.checkpoints.keep_below(slot.id, reused)
         params = req.sampling
         vocab = self._dry_vocab.result() if params.dry_multiplier != 0 and self._dry_vocab else None
-        slot.sampler = Sampler(
+        slot.sampler = msg.handle.sampler = Sampler(  # the handle's: a control request reaches the budget
             params,
             self.n_vocab,
             vocab=vocab,
@@ -473,6 +473,9 @@ class Scheduler:
         s.truncated = True
         n_past = len(s.tokens)
         n_keep, n_discard = shift_sizes(req, n_past, self.n_ctx_slot, self.tokenizer.add_bos)
+        if req.context_shift and req.shared_prompt:  # llama.cpp never shifts one of n_cmpl > 1 choices
+            self.fail(s, "context shift cannot be used for shared prompt")
+            return False
         if not req.context_shift or n_discard <= 0:
             self._finish(s, StopReason.LENGTH)
             return False
@@ -579,8 +582,7 @@ def _split_stop(text: str, stops: list[str]) -> tuple[str, str, str]:
     """
     if not stops:
         return text, "", ""
-    first = -1
-    word = ""
+    first, word = -1, ""
     for stop in stops:
         if not stop:
             continue

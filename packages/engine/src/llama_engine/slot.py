@@ -72,9 +72,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def shift_sizes(req: GenerationRequest, n_past: int, n_ctx: int, add_bos: bool) -> tuple[int, int]:
-    """llama-server's context shift: (n_keep, n_discard). n_keep is the request's + 1 for a BOS, capped at
-    n_ctx - 4; n_discard the request's (0: half of what follows n_keep), clamped to [0, n_left - 1]."""
-    n_keep = min(n_ctx - 4, req.n_keep + (1 if add_bos else 0))
+    """llama-server's context shift: (n_keep, n_discard). n_keep is the request's (-1: the whole prompt) + 1
+    for a BOS, capped at n_ctx - 4; n_discard the request's (0: half of what follows n_keep), clamped to
+    [0, n_left - 1]."""
+    keep = len(req.prompt) if req.n_keep < 0 else req.n_keep
+    n_keep = min(n_ctx - 4, keep + (1 if add_bos else 0))
     n_left = n_past - n_keep
     n_discard = req.n_discard or n_left // 2
     return n_keep, min(max(n_discard, 0), max(0, n_left - 1))

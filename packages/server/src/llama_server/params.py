@@ -158,7 +158,7 @@ def build_request(
         cache_prompt=_pick(p.cache_prompt, cfg.cache_prompt),
         n_cache_reuse=_pick(p.n_cache_reuse, cfg.n_cache_reuse),
         slot=slot % n_slots if slot >= 0 else -1,
-        n_keep=len(prompt) if _pick(p.n_keep, cfg.n_keep) == -1 else _pick(p.n_keep, cfg.n_keep),
+        n_keep=_pick(p.n_keep, cfg.n_keep),  # -1 (the whole prompt) is resolved by the engine's shift
         n_discard=_pick(p.n_discard, 0),
         context_shift=cfg.context_shift,
         post_sampling_probs=bool(p.post_sampling_probs),
@@ -182,7 +182,9 @@ async def build_requests(
     lora = request_scales(state, p.lora)
     return [
         msgspec.structs.replace(
-            build_request(p, prompt, cfg, tok, n_slots, n_probs, i, bias, grammar), lora=lora
+            build_request(p, prompt, cfg, tok, n_slots, n_probs, i, bias, grammar),
+            lora=lora,
+            shared_prompt=n > 1,  # llama.cpp's n_cmpl > 1 child tasks refuse a context shift
         )
         for prompt in prompts
         for i in range(n)

@@ -264,6 +264,7 @@ class ChatBody(GenParams, kw_only=True):
     reasoning_budget_tokens: MinusOneUp | None = None  # llama_server.reasoning_budget
     thinking_budget_tokens: MinusOneUp | None = None
     reasoning_budget_message: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    reasoning_control: bool | None = None  # /v1/chat/completions/control may end the thinking (control.py)
 
 
 class AnthropicBody(msgspec.Struct, kw_only=True):

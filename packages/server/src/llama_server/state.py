@@ -20,6 +20,7 @@ from llama_quant.filetypes import F as LlamaFileType
 
 from .builtin_templates import make_template
 from .config import ServerConfig
+from .control import LiveCompletions
 from .model_overrides import open_with_overrides
 from .prompts import max_piece_chars
 from .resumable import SessionStore
@@ -104,6 +105,7 @@ class ServerState:
     loop: asyncio.AbstractEventLoop | None = None  # the app's event loop, set when it starts serving
     streams: SessionStore = field(default_factory=SessionStore)  # resumable streams by X-Conversation-Id
     lora_scales: list[float] | None = None  # the global LoRA scales (llama_server.lora)
+    live: LiveCompletions = field(default_factory=LiveCompletions)  # chat completions by id (control.py)
     _loader: threading.Thread | None = None
     _pool: ThreadPoolExecutor | None = None
 

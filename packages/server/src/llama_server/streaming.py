@@ -121,6 +121,7 @@ async def respond(
     reqs: list[GenerationRequest],
     fmt: Formatter,
     body: GenParams,
+    on_submit: Callable[[Run], None] | None = None,
 ) -> Response[Any]:
     """Submit `reqs` (one per prompt and choice) and answer: the formatter's body once every request is
     final, or (`body.stream`) an SSE stream of its events. With `X-Conversation-Id` the stream is written
@@ -131,6 +132,8 @@ async def respond(
     try:
         run = Run(state)
         run.submit_all(reqs)
+        if on_submit is not None:  # e.g. the control route's table of running chat completions
+            on_submit(run)
         if not body.stream:
             return await _collect(request, run, fmt)
         ping = ping_seconds(body, state.config)

@@ -21,7 +21,7 @@ from ..grammar.matcher import GrammarMatcher
 from . import samplers as s
 from .dry import DryVocab
 from .params import SamplingParams
-from .reasoning_budget import ReasoningBudget
+from .reasoning_budget import BudgetState, ReasoningBudget
 from .sorting import top_positions
 
 __all__ = ["Sampler", "TokenProbs", "warmup"]
@@ -90,8 +90,10 @@ class Sampler:
         With a grammar, raises GrammarStopError when the grammar leaves no token to choose."""
         if logits.shape != (self.n_vocab,):
             raise ValueError(f"logits must have shape ({self.n_vocab},), got {logits.shape}")
+        if self.budget is not None:
+            self.budget.poll()  # a control request asked to end the thinking block
         token = self._run(logits, None)
-        g = self.grammar
+        g = self._applied_grammar()
         if g is None or g.allows(token):
             return token
         allowed = g.allowed()
@@ -149,13 +151,26 @@ class Sampler:
         """Record a token emitted for this sequence (the grammar, repetition penalties and DRY history).
 
         Raises GrammarError when the grammar cannot take the token."""
-        if self.grammar is not None:
-            self.grammar.accept(token)
-        if self.budget is not None:
-            self.budget.accept(token)
+        g = self._applied_grammar()  # decided before the budget sees the token (common_sampler_accept)
+        b = self.budget
+        if b is not None:
+            b.accept(token)
+            if g is None and self.grammar is not None and b.state == BudgetState.DONE:
+                for t in b.end_match:  # the closing tag may hold the lazy grammar's trigger: replay it
+                    self.grammar.accept(t)
+        if g is not None:
+            g.accept(token)
         self._one[0] = token
         for smpl in self._stateful:
             smpl.accept(self._one)
+
+    def _applied_grammar(self) -> GrammarMatcher | None:
+        """The grammar, unless it is lazy and the reasoning budget is inside the thinking block
+        (llama.cpp's grammar_should_apply: a tool-call trigger never fires inside the thinking)."""
+        g = self.grammar
+        if g is not None and g.lazy and self.budget is not None and self.budget.paused_grammar:
+            return None
+        return g
 
     def accept_many(self, tokens: Iterable[int] | np.ndarray) -> None:
         """``accept`` each token in order (the prompt, when a request starts)."""

@@ -5,6 +5,8 @@ generated token counts against the budget; when it runs out (and the last token 
 character) the forced sequence (an optional message, then the first end tag) is imposed one token per
 step: every other candidate's logit becomes -inf before the chain runs. An end tag produced naturally ends
 the count. A later start tag starts a new count. Budget 0 forces the end as soon as the block opens.
+`UNLIMITED` is the budget of a sampler that only tracks the block: for a control request that ends the
+thinking on demand (`request_end`), or a lazy grammar paused inside the block (llama.cpp's INT_MAX).
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from typing import Any
 import msgspec
 import numpy as np
 
-__all__ = ["BudgetState", "ReasoningBudget", "ReasoningBudgetParams", "piece_complete", "utf8_complete"]
+__all__ = [
+    "UNLIMITED",
+    "BudgetState",
+    "ReasoningBudget",
+    "ReasoningBudgetParams",
+    "piece_complete",
+    "utf8_complete",
+]
+
+UNLIMITED = 2**31 - 1  # INT_MAX: the block is tracked, never cut by the count
 
 
 class ReasoningBudgetParams(msgspec.Struct, frozen=True, gc=False):
@@ -77,6 +88,8 @@ class ReasoningBudget:
         self.state = BudgetState.IDLE
         self.remaining = p.tokens
         self._pos = 0
+        self.end_match: tuple[int, ...] = ()  # the end sequence that closed the block (to replay)
+        self._end_requested = False  # set from another thread (`request_end`), acted on by `poll`
         for t in p.prefill:
             self.accept(t)
 
@@ -102,19 +115,35 @@ class ReasoningBudget:
         self._begin_forcing()
         return True
 
+    def request_end(self) -> None:
+        """Ask for `force` before the next token is sampled (safe from any thread: one flag is set)."""
+        self._end_requested = True
+
+    def poll(self) -> None:
+        """Act on a pending `request_end` (the sequence's own thread, before sampling)."""
+        if self._end_requested:
+            self._end_requested = False
+            self.force()
+
+    @property
+    def paused_grammar(self) -> bool:
+        """Inside the block (counting, waiting or forcing): a lazy grammar is neither applied nor fed."""
+        return self.state not in (BudgetState.IDLE, BudgetState.DONE)
+
     def accept(self, token: int) -> None:
         st = self.state
         if st in (BudgetState.IDLE, BudgetState.DONE):
             if self._start.advance(token) >= 0:
                 self._end.reset()
+                self.end_match = ()
                 self._begin_counting()
         elif st == BudgetState.FORCING:
-            self._end.advance(token)
+            match = self._end.advance(token)
             self._pos += 1
             if self._pos >= len(self.p.forced):
-                self.state = BudgetState.DONE
-        elif self._end.advance(token) >= 0:  # counting or waiting: the block ended by itself
-            self.state = BudgetState.DONE
+                self._done(match)
+        elif (match := self._end.advance(token)) >= 0:  # counting or waiting: the block ended by itself
+            self._done(match)
         elif st == BudgetState.WAITING_UTF8:
             if self._complete(token):
                 self._begin_forcing()
@@ -126,6 +155,10 @@ class ReasoningBudget:
                 else:
                     self.state = BudgetState.WAITING_UTF8
                     self._end.reset()
+
+    def _done(self, match: int) -> None:
+        self.state = BudgetState.DONE
+        self.end_match = self._end.seqs[match] if match >= 0 else ()
 
     def _begin_counting(self) -> None:
         self.state, self.remaining = BudgetState.COUNTING, self.p.tokens

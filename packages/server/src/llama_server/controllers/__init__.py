@@ -3,6 +3,7 @@
 from .anthropic import AnthropicController
 from .chat import ChatController
 from .completion import CompletionController
+from .control import ControlController
 from .embeddings import EmbeddingsController
 from .feature_off import FeatureOffController
 from .health import HealthController
@@ -20,6 +21,7 @@ CONTROLLERS = [
     HealthController,
     CompletionController,
     ChatController,
+    ControlController,
     AnthropicController,
     ResponsesController,
     EmbeddingsController,

@@ -42,7 +42,8 @@ async def prepare_chat(request: Request, server: ServerState, body: ChatBody) ->
     """Render and tokenize the prompt, build one engine request per choice (shared by every chat API)."""
     prompt = await unless_disconnected(request, render_chat(server, body))
     reqs = await unless_disconnected(request, build_requests(server, body, [prompt.tokens], _n_probs(body)))
-    budget = budget_params(body, server.config, server.require_engine().tokenizer, prompt)
+    lazy = bool(reqs) and reqs[0].sampling.grammar_lazy
+    budget = budget_params(body, server.config, server.require_engine().tokenizer, prompt, lazy)
     reqs = with_budget(reqs, budget)
     fmt = body.reasoning_format or server.config.reasoning_format
     if fmt not in _REASONING_FORMATS:
@@ -59,11 +60,14 @@ class ChatController(Controller):
     async def chat(self, request: Request, server: SharedState, data: JSONBody[ChatBody]) -> Response:
         job = await prepare_chat(request, server, data)
         tok = server.require_engine().tokenizer
+        cmpl_id = completion_id()
+        # the control route can end the thinking only of a request that asked for it and has a budget
+        armed = bool(data.reasoning_control) and any(r.sampling.reasoning_budget for r in job.reqs)
         fmt = ChatFormatter(
             tok,
             job.parsing,
             len(job.reqs),
-            id=completion_id(),
+            id=cmpl_id,
             created=now(),
             model=server.model_name,
             n_probs=_n_probs(data),
@@ -71,7 +75,9 @@ class ChatController(Controller):
             include_usage=bool(data.stream_options and data.stream_options.include_usage),
             verbose=verbose_for(data, server.config, tok, job.reqs, server.model_name, _n_probs(data)),
         )
-        return await respond(request, server, job.reqs, fmt, data)
+        return await respond(
+            request, server, job.reqs, fmt, data, lambda run: server.live.add(cmpl_id, run.handles, armed)
+        )
 
     @post("/apply-template", status_code=200)
     async def apply_template(

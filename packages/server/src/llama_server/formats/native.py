@@ -93,7 +93,7 @@ class NativeFormatter(Formatter):
         return [chunk]
 
     def progress(self, index: int, ev: ProgressEvent) -> list[NativeChunk]:
-        chunk = self._chunk(index, "", [])
+        chunk = self._chunk(index, "", [0])  # llama-server's progress update is an empty token output (id 0)
         if ev.timings is not None:
             chunk.timings = timings_out(ev.timings)
         chunk.prompt_progress = progress_out(ev)
