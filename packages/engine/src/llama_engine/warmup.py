@@ -51,7 +51,7 @@ def warm_up(
         return 0
     except CacheMiss:
         pass
-    n = precompile(_jobs(engine, sampling), report)
+    n = precompile(lambda: _jobs(engine, sampling), report)  # planned while the processes start
     with CompileWatch() as watch:  # what the children left (none, unless one failed)
         _replay(engine, sampling)
     return n + len(watch.compiled)

@@ -370,7 +370,7 @@ def _n_cpus() -> int:
 
 
 def precompile(
-    jobs: Sequence[CompileJob],
+    jobs: Sequence[CompileJob] | Callable[[], Sequence[CompileJob]],
     report: Callable[[str], None] | None = None,
     timeout: float = 1800.0,
     processes: int | None = None,
@@ -378,25 +378,29 @@ def precompile(
     """Run ``jobs`` in ``processes`` compiling processes (default: one per CPU, at most one per job), each
     taking the next job in order when it finishes one (so put the longest first), and report each kernel
     they compile as it finishes (``report``, default INFO lines on this module's logger). Returns the
-    number of kernels compiled.
+    number of kernels compiled. ``jobs`` may be a function that lists them: it is called once the
+    processes are starting (``processes`` of them), so they import numba while it runs.
 
     A process is a fresh interpreter (``python -c``, never a re-import of ``__main__``) that imports only
     what its jobs need. A failing job is reported, not raised: whatever it did not cache the caller
     compiles itself later. Does nothing without a numba cache directory."""
-    if not jobs or not _cache_dir():
+    if not _cache_dir() or (not callable(jobs) and not jobs):
         return 0
     t0 = time.perf_counter()
-    n_procs = max(1, min(len(jobs), processes or _n_cpus()))
-    _say(
-        report,
-        f"compiling kernels: {len(jobs)} jobs in {n_procs} processes (first start; cached in {_cache_dir()})",
-    )
+    n_procs = max(1, processes or _n_cpus())
+    if not callable(jobs):
+        n_procs = min(n_procs, len(jobs))
     lines: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
-    pool = _Pool([_spawn(i, lines) for i in range(n_procs)], list(jobs))
+    procs = [_spawn(i, lines) for i in range(n_procs)]
+    pool: _Pool | None = None
     try:
+        todo = list(jobs() if callable(jobs) else jobs)
+        where = f"first start; cached in {_cache_dir()}"
+        _say(report, f"compiling kernels: {len(todo)} jobs in {n_procs} processes ({where})")
+        pool = _Pool(procs, todo)
         n_kernels = pool.run(lines, t0 + timeout, report)
     finally:
-        pool.stop()  # kills what still runs after the timeout
+        (pool or _Pool(procs, [])).stop()  # kills what still runs after the timeout
     _say(report, f"compiled {n_kernels} kernels in {time.perf_counter() - t0:.1f} s")
     return n_kernels
 
@@ -473,7 +477,8 @@ class _Pool:
             if kind == "kernel" and job is not None:
                 n_kernels += 1
                 name, _, seconds = rest.partition("\t")
-                _say(report, f"compiling kernels: #{n_kernels} {name} ({job.name}, {seconds} s)")
+                where = "" if job.name == name else f"{job.name}, "  # a kernel job names its kernel
+                _say(report, f"compiling kernels: #{n_kernels} {name} ({where}{seconds} s)")
             elif kind in ("done", "failed") and job is not None:
                 self._end(i, job, "done" if kind == "done" else f"failed ({rest})", report)
                 self._feed(i)
