@@ -4,8 +4,12 @@ against the same child `llama-server` reached directly, on SmolLM2, for 1 and 4 
 One router (`--models-dir` with SmolLM2) starts one child; the child's own address and private key are read
 from the router's model list and the child's environment, so both paths hit the very same process. Streamed
 `/completion` requests, greedy, a fixed token count (`ignore_eos`), `cache_prompt` off; router and direct
-take turns run by run for ``--rounds`` rounds, each level keeping the best tokens/s of its runs; the TTFT
-percentiles are over every request. Target: within 3% of the direct tokens/s and 5 ms of its TTFT.
+take turns run by run for ``--rounds`` rounds (the side that goes first alternating); tokens/s is the median
+of each side's runs, the TTFT percentiles are over every request. Target: within 3% of the direct tokens/s
+and 5 ms of its TTFT. Wall times depend on what else the machine runs, so the table also gives the load
+average and CPU time per generated token (from /proc/<pid>/schedstat, summed over threads) of the router
+and of the child, which depend far less on it: the router's is its whole cost, and the child's shows
+whether the relay makes the engine work harder (its OpenMP threads spin while one of them is preempted).
 
     python packages/router/bench/bench_router.py [--n-predict 64] [--repeats 3] [--rounds 2] [--levels 1,4]
 """
@@ -13,6 +17,9 @@ percentiles are over every request. Target: within 3% of the direct tokens/s and
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -31,12 +38,24 @@ MODEL = "smol"
 
 @dataclass
 class Level:
-    tps: float = 0.0
+    tps: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
+    cpu: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))  # (router, child) s/token
 
-    def add(self, wall: float, tokens: int, ttft: list[float]) -> None:
-        self.tps = max(self.tps, tokens / wall if wall > 0 else 0.0)
+    def add(self, wall: float, tokens: int, ttft: list[float], cpu: tuple[float, float]) -> None:
+        self.tps.append(tokens / wall if wall > 0 else 0.0)
         self.ttft += ttft
+        for out, seconds in zip(self.cpu, cpu, strict=True):
+            out.append(seconds / tokens)
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds the process `pid` has run, all its threads (schedstat: nanoseconds, not clock ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def _round(clients: list[httpx.Client], n: int, n_predict: int) -> tuple[float, int, list[float]]:
@@ -62,8 +81,8 @@ def _round(clients: list[httpx.Client], n: int, n_predict: int) -> tuple[float, 
     return wall, sum(len(s.token_times) for s in done), [s.ttft for s in done]
 
 
-def _child(router: str) -> tuple[str, str]:
-    """Load the model through the router; the child's base URL and its private key."""
+def _child(router: str) -> tuple[str, int, str]:
+    """Load the model through the router; the child's base URL, its pid and its private key."""
     with httpx.Client(base_url=router, timeout=600) as c:
         c.post("/models/load", json={"model": MODEL}).raise_for_status()
         deadline = time.monotonic() + 900
@@ -76,11 +95,12 @@ def _child(router: str) -> tuple[str, str]:
             raise SystemExit("the child did not load")
     args = item["status"]["args"]
     port = int(args[args.index("--port") + 1])
-    return f"http://127.0.0.1:{port}", _child_key(port)
+    return f"http://127.0.0.1:{port}", *_child_key(port)
 
 
-def _child_key(port: int) -> str:
-    """The key in the environment of the process listening on `port` (a bench on this machine only)."""
+def _child_key(port: int) -> tuple[int, str]:
+    """The pid and key (from its environment) of the process listening on `port` (a bench on this machine
+    only)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -92,12 +112,15 @@ def _child_key(port: int) -> str:
         if b"--port" in cmd and cmd[cmd.index(b"--port") + 1] == str(port).encode():
             for kv in env:
                 if kv.startswith(b"LLAMA_API_KEY="):
-                    return kv.split(b"=", 1)[1].decode()
+                    return int(proc.name), kv.split(b"=", 1)[1].decode()
     raise SystemExit("the child's key was not found")
 
 
 def _measure(
-    sides: list[tuple[list[httpx.Client], dict[int, Level]]], levels: list[int], args: argparse.Namespace
+    sides: list[tuple[list[httpx.Client], dict[int, Level]]],
+    levels: list[int],
+    args: argparse.Namespace,
+    pids: tuple[int, int],
 ) -> None:
     """Router and direct runs interleaved one by one, so a change in the machine's load hits both."""
     for clients, _ in sides:
@@ -106,7 +129,10 @@ def _measure(
     for n in levels:
         for _ in range(args.repeats):
             for clients, out in sides:
-                out[n].add(*_round(clients, n, args.n_predict))
+                before = [_cpu(p) for p in pids]
+                wall, tokens, ttft = _round(clients, n, args.n_predict)
+                used = [_cpu(p) - b for p, b in zip(pids, before, strict=True)]
+                out[n].add(wall, tokens, ttft, (used[0], used[1]))
 
 
 def _hop(via: httpx.Client, direct: httpx.Client, n: int = 200) -> tuple[float, float]:
@@ -125,16 +151,22 @@ def _ms(level: Level, q: float) -> float:
     return percentile(level.ttft, q) * 1e3
 
 
+def _us(xs: list[float]) -> str:
+    return f"{statistics.median(xs) * 1e6:.0f}"
+
+
 def _print_table(levels: list[int], via: dict[int, Level], direct: dict[int, Level]) -> None:
     cols = ["streams", "router tok/s", "direct tok/s", "ratio", "router TTFT p50/p95 ms", "direct TTFT p50/p95 ms",
-            "TTFT p50 delta ms"]  # fmt: skip
+            "TTFT p50 delta ms", "router CPU us/token", "child CPU us/token via / direct"]  # fmt: skip
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("-" * (len(c) + 1) + ":" for c in cols) + "|")
     for n in levels:
         a, b = via[n], direct[n]
-        row = [str(n), f"{a.tps:.1f}", f"{b.tps:.1f}", f"{a.tps / b.tps:.3f}x",
+        tps_a, tps_b = statistics.median(a.tps), statistics.median(b.tps)
+        row = [str(n), f"{tps_a:.1f}", f"{tps_b:.1f}", f"{tps_a / tps_b:.3f}x",
                f"{_ms(a, 50):.1f} / {_ms(a, 95):.1f}", f"{_ms(b, 50):.1f} / {_ms(b, 95):.1f}",
-               f"{_ms(a, 50) - _ms(b, 50):+.1f}"]  # fmt: skip
+               f"{_ms(a, 50) - _ms(b, 50):+.1f}", _us(a.cpu[0]),
+               f"{_us(a.cpu[1])} / {_us(b.cpu[1])}"]  # fmt: skip
         print("| " + " | ".join(v.rjust(len(c)) for v, c in zip(row, cols, strict=True)) + " |")
 
 
@@ -158,12 +190,13 @@ def main() -> None:
         cmd = [str(router_bin), "--models-dir", d, "--port", str(port), "--log-disable", *flags]
         print(
             f"\n## llama-router vs its child directly, {Path(model).name}, {slots} slots of {args.ctx} tokens, "
-            f"{THREADS} threads, {args.n_predict} tokens per stream, best of {args.repeats} x {args.rounds} "
+            f"{THREADS} threads, {args.n_predict} tokens per stream, median of {args.repeats} x {args.rounds} "
             f"rounds; CPU: {cpu_features()}\n"
         )
         with serve(cmd) as server:
             server.wait_health()
-            child, key = _child(server.base)
+            child, child_pid, key = _child(server.base)
+            load = [os.getloadavg()[0]]
             print("... measuring", file=sys.stderr)
             via = [httpx.Client(base_url=server.base, timeout=600) for _ in range(slots)]
             auth = {"Authorization": f"Bearer {key}"}
@@ -174,12 +207,14 @@ def main() -> None:
                 hop = _hop(via[0], direct[0])
                 for i in range(args.rounds):  # the side that goes first alternates
                     sides = [(via, out_via), (direct, out_direct)]
-                    _measure(sides if i % 2 == 0 else sides[::-1], levels, args)
+                    _measure(sides if i % 2 == 0 else sides[::-1], levels, args, (server.proc.pid, child_pid))
+                    load.append(os.getloadavg()[0])
             finally:
                 for c in via + direct:
                     c.close()
     _print_table(levels, out_via, out_direct)
     print(f"\n/tokenize round trip p50: {hop[0]:.2f} ms through the router, {hop[1]:.2f} ms direct")
+    print(f"load average (1 min) at the start and after each round: {' '.join(f'{x:.2f}' for x in load)}")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def test_chunked_pieces_and_reuse() -> None:
         for _ in range(3):
             r = await up.request("POST", url + "/completion?x=1", [(b"x-a", b"1")], b'{"n":1}')
             assert r.status == 200 and r.header(b"content-type") == b"text/event-stream"
-            assert [c async for c in r.chunks()] == [b"data: a\n\n", b"data: bb\n\n"]
+            assert b"".join([c async for c in r.chunks()]) == b"data: a\n\ndata: bb\n\n"
             await r.aclose()
         assert len(seen) == 3  # one connection for all three
         assert seen[0].startswith(b"POST /completion?x=1 HTTP/1.1\r\nhost: 127.0.0.1:")
@@ -70,6 +70,31 @@ def test_chunked_pieces_and_reuse() -> None:
         assert len(up._idle[url]) == 1
 
     _run(_chunked, body)
+
+
+def test_chunks_that_came_together_leave_together_and_none_waits() -> None:
+    gate = asyncio.Event()
+
+    async def reply(w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        w.write(b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b"data: 1\n\n", b"data: 22\n\n")))
+        w.write(b"b\r\ndata: 333")  # the start of a third chunk: not relayed before the rest of it comes
+        await w.drain()
+        await gate.wait()  # the next chunk is sent only once the first two were relayed
+        w.write(b"\n\n\r\n0\r\n\r\n")
+        return True
+
+    async def body(up: Upstream, url: str, seen: list[bytes]) -> None:
+        r = await up.request("GET", url + "/x", [])
+        pieces = r.chunks()
+        await asyncio.sleep(0.05)  # the first two chunks and part of the third are in the buffer
+        assert await anext(pieces) == b"data: 1\n\ndata: 22\n\n"
+        gate.set()
+        assert [c async for c in pieces] == [b"data: 333\n\n"]
+        await r.aclose()
+        assert len(up._idle[url]) == 1
+
+    _run(reply, body)
 
 
 def test_sized_unframed_and_bodyless() -> None:
