@@ -3,10 +3,10 @@
 ``warm_up(engine)`` first replays the warm-up (a prompt chunk, a decode step, the default sampler chains)
 with compiling forbidden: when every kernel loads from numba's cache (any start after the first) that is
 all it does. Otherwise it plans: the two forward passes run once more with every kernel the cache lacks
-skipped and listed with its argument types (``llama_quant.compiling.plan_compiles``; the passes compute
-garbage, nothing is compiled). Each listed kernel is one job, the sampler chains another, and compiling
-processes (one per CPU, ``precompile``) take the jobs one at a time, parallel kernels and the sampler
-chains first (they take longest), reporting each kernel as it is compiled. Then the warm-up replays in
+skipped and listed with its argument types (``llama_quant.compiling.plan_compiles``, on a scratch engine:
+its outputs are garbage). Each listed kernel is one job, the sampler chains another, and compiling
+processes (one per CPU, ``precompile``) take the jobs one at a time, the largest kernels first
+(they take longest), reporting each kernel as it is compiled. Then the warm-up replays in
 this process, which now loads from the cache. Whatever a process could not compile is compiled here, so
 a failing job costs time, never correctness; a pass the plan could not finish becomes one job of its own.
 """
@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from llama_quant.compiling import CacheMiss, CompileJob, CompileWatch, cached_only, plan_compiles, precompile
+from llama_quant.compiling import (
+    CacheMiss,
+    CompileJob,
+    CompileWatch,
+    cached_only,
+    code_size,
+    plan_compiles,
+    precompile,
+)
 
 from .batch import Batch
 from .sampling import Sampler, SamplingParams
@@ -34,6 +42,7 @@ __all__ = ["DEFAULT_CHAINS", "warm_sampling", "warm_up"]
 DEFAULT_CHAINS: tuple[SamplingParams, ...] = (SamplingParams(), SamplingParams(temperature=0.0))
 
 _PROMPT_TOKENS = 12  # a prompt chunk long enough for the many-lane (prompt) kernels
+_CHAINS_SIZE = 6000  # the sampler chains job, in code_size units of kernels taking as long
 _JOB_CTX = 256  # KV cells a warm-up child allocates: the kernels' types do not depend on it
 
 
@@ -85,8 +94,8 @@ def warm_sampling(n_vocab: int, chains: tuple[SamplingParams, ...] = DEFAULT_CHA
 
 
 def _jobs(engine: Engine, sampling: tuple[SamplingParams, ...]) -> list[CompileJob]:
-    """The compile jobs, longest first: the passes' parallel kernels, the sampler chains (one job: their
-    kernels' results steer the chain, so they cannot be planned), the passes' other kernels, and last
+    """The compile jobs, longest first: the passes' kernels by code size with the sampler chains among them
+    (one job: their kernels' results steer the chain, so they cannot be planned), and last
     each pass whose plan stopped early (it then finds most of its kernels cached)."""
     cfg = dataclasses.replace(engine.config, n_ctx=max(_JOB_CTX, 16 * engine.config.n_parallel), warmup=False)
     scratch = _scratch_engine(engine.gguf.path, cfg)  # the plan's garbage stays in its tables
@@ -98,27 +107,16 @@ def _jobs(engine: Engine, sampling: tuple[SamplingParams, ...]) -> list[CompileJ
         if not finished:  # the rest of the pass, whatever it needs
             rest.append(CompileJob(name, f"{__name__}:_forward_job", (engine.gguf.path, cfg, n_tokens)))
     chains = CompileJob("sampling", f"{__name__}:warm_sampling", (engine.model.config.n_vocab, sampling))
-    parallel = [job for job in kernels if _is_parallel(job)]
-    return [*parallel, chains, *(job for job in kernels if job not in parallel), *rest]
+    # longest first, by code size (the sampler chains compile about as long as 6000 bytes of kernels)
+    kernels.sort(key=code_size, reverse=True)
+    big = [job for job in kernels if code_size(job) >= _CHAINS_SIZE]
+    return [*big, chains, *kernels[len(big) :], *rest]
 
 
 def _scratch_engine(path: str, config: EngineConfig) -> Engine:
     from .engine import Engine
 
     return Engine(path, config)
-
-
-def _is_parallel(job: CompileJob) -> bool:
-    """Whether a kernel job's kernel has parallel loops (``parallel=True``)."""
-    if not job.target.endswith(":compile_kernel"):
-        return False
-    import importlib
-
-    module, qualname, _ = job.args
-    obj: object = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return bool(getattr(obj, "targetoptions", {}).get("parallel"))
 
 
 def _forward_job(path: str, config: EngineConfig, n_tokens: int) -> None:

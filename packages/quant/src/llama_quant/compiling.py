@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -46,6 +47,7 @@ __all__ = [
     "CompileJob",
     "CompileWatch",
     "cached_only",
+    "code_size",
     "compile_kernel",
     "configure_cache",
     "default_cache_dir",
@@ -257,6 +259,7 @@ def _skipped(*args: Any, **kws: Any) -> None:
     return None
 
 
+@functools.cache
 def _returns_value(fn: Any) -> bool:
     """Whether a kernel's Python source returns a value anywhere (not only None)."""
     import ast
@@ -290,6 +293,10 @@ def plan_compiles(run: Callable[[], object]) -> tuple[list[CompileJob], bool]:
     guard = _NoCompiling()
 
     def record(self: Any, *args: Any, **kws: Any) -> Any:
+        sig = tuple(Omitted(a.value) if isinstance(a, OmittedArg) else self.typeof_pyval(a) for a in args)
+        key = (self.py_func.__module__, self.py_func.__qualname__, sig)
+        if key in jobs:  # listed already: skip without another look into the cache
+            return _skipped
         try:
             return original(self, *args, **kws)
         except _WouldCompile:
@@ -300,9 +307,7 @@ def plan_compiles(run: Callable[[], object]) -> tuple[list[CompileJob], bool]:
                 return original(self, *args, **kws)
             finally:
                 guard.allowed -= 1
-        sig = tuple(Omitted(a.value) if isinstance(a, OmittedArg) else self.typeof_pyval(a) for a in args)
-        key = (self.py_func.__module__, self.py_func.__qualname__, sig)
-        jobs.setdefault(key, CompileJob(_kernel_name(self), f"{__name__}:compile_kernel", key))
+        jobs[key] = CompileJob(_kernel_name(self), f"{__name__}:compile_kernel", key)
         return _skipped
 
     Dispatcher._compile_for_args = record  # type: ignore[attr-defined]
@@ -317,13 +322,43 @@ def plan_compiles(run: Callable[[], object]) -> tuple[list[CompileJob], bool]:
     return list(jobs.values()), finished
 
 
-def compile_kernel(module: str, qualname: str, sig: tuple[Any, ...]) -> None:
-    """A job: compile the kernel ``module.qualname`` for the argument types ``sig`` (into the cache)."""
+def _resolve(module: str, qualname: str) -> Any:
     import importlib
 
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
+    return obj
+
+
+def code_size(job: CompileJob) -> int:
+    """For a ``compile_kernel`` job, the bytecode size of its kernel and of every numba function it calls
+    (by global name, transitively): a rough measure of what compiling it costs (0 for other jobs)."""
+    from numba.core.dispatcher import Dispatcher
+
+    if not job.target.endswith(":compile_kernel"):
+        return 0
+    seen: set[int] = set()
+    todo = [_resolve(job.args[0], job.args[1])]
+    total = 0
+    while todo:
+        d = todo.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        fn = d.py_func
+        total += len(fn.__code__.co_code)
+        names = set(fn.__code__.co_names)
+        for const in fn.__code__.co_consts:  # generator expressions and comprehensions
+            if hasattr(const, "co_names"):
+                names.update(const.co_names)
+        todo += [g for n in names if isinstance(g := fn.__globals__.get(n), Dispatcher)]
+    return total
+
+
+def compile_kernel(module: str, qualname: str, sig: tuple[Any, ...]) -> None:
+    """A job: compile the kernel ``module.qualname`` for the argument types ``sig`` (into the cache)."""
+    obj = _resolve(module, qualname)
     with _function_lock(obj):
         obj.compile(sig)  # loads from the cache when another process compiled it meanwhile
 
