@@ -149,8 +149,20 @@ def quantize(paths: dict[str, Path], qtype: str, imatrix: bool) -> tuple[Path | 
         return None, {"error": "needs an imatrix" if refused else text.strip().splitlines()[-1][:200]}
     m = re.search(r"quant size\s*=\s*([0-9.]+) MiB \(([0-9.]+) BPW\)", text)
     assert m, text[-2000:]
-    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    digest = _tensor_digest(out)
     return out, {"mib": float(m.group(1)), "bpw": float(m.group(2)), "quant_s": secs, "sha256": digest}
+
+
+def _tensor_digest(path: Path) -> str:
+    """SHA-256 of the tensor data (the metadata names the imatrix file, so it differs even when the
+    matrix changed nothing)."""
+    import gguf_io
+
+    with gguf_io.open(path) as f:
+        offset = f.data_offset
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def kld(paths: dict[str, Path], model: Path) -> dict:

@@ -87,7 +87,7 @@ def _portable_tool(name: str) -> Path:
     return tool
 
 
-# llama.cpp's tools default to its flash-attention kernel on CPU (f16 accumulation, another order)
+# both sides without flash attention (the default, on, is compared in test_kld_parity.py)
 NO_FLASH = ["-fa", "off"]
 
 
@@ -99,17 +99,18 @@ def calibration(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parity
-def test_imatrix_parity_with_llama_cpp(tmp_path, smollm2_path, calibration):
-    """Entries equal llama.cpp's llama-imatrix (portable build, attention without the flash kernel, which
-    llama-engine does not have) to float-summation noise: our sums are in float64, llama.cpp's in float32
+@pytest.mark.parametrize("fa", [NO_FLASH, []], ids=["fa-off", "default"])
+def test_imatrix_parity_with_llama_cpp(tmp_path, smollm2_path, calibration, fa):
+    """Entries equal llama.cpp's llama-imatrix (portable build, -fa off on both sides, then both defaults:
+    flash attention on) to float-summation noise: our sums are in float64, llama.cpp's in float32
     (relative 1e-5 by norm, 1e-2 per entry at most; measured 1e-6)."""
     args = ["-m", str(smollm2_path), "-f", str(calibration), "-c", "128", "-b", "256", "--chunks", "4"]
     ref = subprocess.run(
-        [str(_portable_tool("llama-imatrix")), *args, *NO_FLASH, "-o", str(tmp_path / "r.gguf")],
+        [str(_portable_tool("llama-imatrix")), *args, *fa, "-o", str(tmp_path / "r.gguf")],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert ref.returncode == 0, ref.stderr
-    ours = _imatrix(*args, "-o", str(tmp_path / "o.gguf"))
+    ours = _imatrix(*args, *fa, "-o", str(tmp_path / "o.gguf"))
     assert ours.returncode == 0, ours.stderr
     r, o = load_raw(tmp_path / "r.gguf", 128), load_raw(tmp_path / "o.gguf", 128)
     assert set(r.entries) == set(o.entries)
@@ -139,7 +140,7 @@ def test_perplexity_parity_with_llama_cpp(smollm2_path, calibration):
         timeout=900,
     )
     assert ref.returncode == 0, ref.stderr
-    cmd = [sys.executable, "-c", "from llama_engine.perplexity_cli import main; main()", *args]
+    cmd = [sys.executable, "-c", "from llama_engine.perplexity_cli import main; main()", *args, *NO_FLASH]
     ours = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert ours.returncode == 0, ours.stderr
     ref_ppl, our_ppl = _final_ppl(ref.stdout + ref.stderr), _final_ppl(ours.stdout)

@@ -26,6 +26,7 @@ __all__ = [
     "Loaded",
     "NllSum",
     "chunk_logits",
+    "eta_line",
     "flash_attn_option",
     "load",
     "log_probs",
@@ -56,6 +57,13 @@ flash_attn_option = click.option(
     callback=_flash_attn,
     help="flash attention: on, off or auto (auto: on)",
 )
+
+
+def eta_line(func: str, dt: float, n_chunk: int, n_seq: int) -> str:
+    """llama.cpp's line after the first pass: its time and the whole run's estimate (hours, then minutes)."""
+    total = int(dt * n_chunk / n_seq)
+    hours = f"{total // 3600} hours " if total >= 3600 else ""
+    return f"{func}: {dt:.2f} seconds per pass - ETA {hours}{total % 3600 / 60.0:.2f} minutes"
 
 
 def seq_layout(n_ctx: int, n_batch: int) -> tuple[int, int]:

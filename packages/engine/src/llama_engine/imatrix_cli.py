@@ -11,7 +11,16 @@ import click
 from gguf_io import GGUFError
 from llama_quant.imatrix_file import ImatrixData, all_stats, load_raw, rows_to_chunks, save_dat, save_gguf
 
-from .chunked import ChunkProgress, NllSum, chunk_logits, flash_attn_option, load, score_chunk, seq_layout
+from .chunked import (
+    ChunkProgress,
+    NllSum,
+    chunk_logits,
+    eta_line,
+    flash_attn_option,
+    load,
+    score_chunk,
+    seq_layout,
+)
 from .imatrix import ImatrixCollector, collecting
 
 __all__ = ["main"]
@@ -134,10 +143,7 @@ def _run(
             before = data.chunk_count
             data.chunk_count = max(before, rows_to_chunks(collector.max_rows(), chunk_size))
             if i == 0:
-                dt = time.perf_counter() - t0
-                _log(
-                    f"compute_imatrix: {dt:.2f} seconds per pass - ETA {dt * n_chunk / n_seq / 60:.2f} minutes"
-                )
+                _log(eta_line("compute_imatrix", time.perf_counter() - t0, n_chunk, n_seq))
             if ppl:
                 for seq, logits in enumerate(chunk_rows):
                     nll.add(score_chunk(logits[first:], tokens, (i + seq) * n_ctx, n_ctx, first))

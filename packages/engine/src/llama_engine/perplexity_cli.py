@@ -18,6 +18,7 @@ from .chunked import (
     Loaded,
     NllSum,
     chunk_logits,
+    eta_line,
     flash_attn_option,
     load,
     score_chunk,
@@ -79,12 +80,6 @@ def run(a: _Args) -> int:
     return _perplexity(a)
 
 
-def _eta_line(func: str, dt: float, n_chunk: int, n_seq: int) -> None:
-    total = int(dt * n_chunk / n_seq)
-    hours = f"{total // 3600} hours " if total >= 3600 else ""
-    _log(f"{func}: {dt:.2f} seconds per pass - ETA {hours}{total % 3600 / 60.0:.2f} minutes")
-
-
 def _perplexity(a: _Args) -> int:
     n_ctx = a.n_ctx
     n_seq, n_batch = seq_layout(n_ctx, a.n_batch)
@@ -127,7 +122,7 @@ def _score(a: _Args, n_seq: int, n_batch: int, writer: BaseWriter | None) -> int
     for i, rows in chunk_logits(m, tokens, n_ctx, n_batch, n_chunk, first, a.flash_attn, n_seq):
         progress.erase()
         if i == 0:
-            _eta_line("perplexity", time.perf_counter() - t0, n_chunk, n_seq)
+            _log(eta_line("perplexity", time.perf_counter() - t0, n_chunk, n_seq))
         for seq, logits in enumerate(rows):
             start = (i + seq) * n_ctx
             if writer is None:
@@ -176,7 +171,7 @@ def _compare(a: _Args, m: Loaded, base: BaseFile) -> int:
     for i, rows in chunk_logits(m, tokens, n_ctx, n_batch, n_chunk, first, a.flash_attn, n_seq):
         progress.erase()
         if i == 0:
-            _eta_line("kl_divergence", time.perf_counter() - t0, n_chunk, n_seq)
+            _log(eta_line("kl_divergence", time.perf_counter() - t0, n_chunk, n_seq))
             print("\nchunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence"
                   "              Δp RMS            Same top p")  # fmt: skip
         for seq, logits in enumerate(rows):
