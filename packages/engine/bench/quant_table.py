@@ -266,13 +266,14 @@ def plot(results: dict[str, dict]) -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
     for im, style, label in ((False, "o", "without imatrix"), (True, "s", "with imatrix")):
         pts = [(r["bpw"], r["kld"], k.split("/")[0]) for k, r in results.items()
-               if k.endswith(f"/{int(im)}") and r.get("kld", 0) > 0]  # fmt: skip
+               if k.endswith(f"/{int(im)}") and r.get("kld", 0) > 0 and r["bpw"] < 9]  # fmt: skip
         if not pts:
             continue
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, alpha=0.8)
         for x, y, name in pts:
             ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlim(right=9)  # the 16- and 32-bit files sit far right with KLD near 0: left off
     ax.set_yscale("log")
     ax.set_xlabel("bits per weight")
     ax.set_ylabel("mean KL divergence to F16 (log)")
