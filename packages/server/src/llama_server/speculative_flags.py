@@ -355,6 +355,7 @@ def build_spec_config(kw: dict[str, Any]) -> SpeculativeConfig:
             probabilistic=sampling == "probabilistic",
             cache_type_k=_cache_type(kw["spec_draft_type_k"], "--spec-draft-type-k"),
             cache_type_v=_cache_type(kw["spec_draft_type_v"], "--spec-draft-type-v"),
+            flash_attn=kw.get("flash_attn") or "auto",  # -fa applies to the draft's context too
         ),
         ngram_simple=maps["simple"],
         ngram_map_k=maps["map-k"],

@@ -25,15 +25,13 @@ import numba
 import numpy as np
 from numba import float32, float64, prange, uint64
 
-from llama_quant.formats.common import get_f16
-from llama_quant.formats.iq4 import KVALUES_IQ4NL, _dq_iq4_nl
-from llama_quant.formats.legacy import _dq_q4_0, _dq_q4_1, _dq_q5_0, _dq_q5_1, _dq_q8_0
+from llama_quant.formats.common import F16_TO_F32 as _F16
 from llama_quant.kernels.act import quantize_q8
-from llama_quant.kernels.blocks32 import _tile_q4, _tile_q5, _tile_q8
 
 from ._intrinsics import bits_f32, f32_bits, round_f16
 from .attention import _softmax_sse2, prepare_qkv
 from .expf import expf_sse2
+from .kv_dots import block_scores, block_values, head_dot, unpack_head
 
 __all__ = [
     "KIND_BF16",
@@ -46,9 +44,9 @@ __all__ = [
 
 # the KVType codes (llama_engine.kv_types)
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
-_Q8_0, _Q4_0, _Q4_1, _IQ4_NL, _Q5_0, _Q5_1 = 3, 4, 5, 6, 7, 8
 _Q_TILE, _KV_TILE = 64, 64  # GGML_FA_TILE_Q, GGML_FA_TILE_KV
 _F32_AS_F16 = 9  # flash attention casts an f32 K or V to f16 first (build_attn_mha's ggml_cast)
+_QK = 32  # the block types' block length, passed as a value (``kv_dots``: a constant would unvectorize)
 _BLOCK_BYTES = np.array([4, 2, 2, 34, 18, 20, 18, 22, 24, 4], np.int64)  # per value (floats) or per 32
 
 
@@ -147,7 +145,7 @@ def attention_typed(  # type: ignore[no-untyped-def]
         qr = np.ascontiguousarray(q[:n, :nq], np.float32)  # the tiled kernel keeps q in f32
     _run(
         out, qr, xq, xd, xs, xsum, kb, vb, cells, lo, hi, n, n_head, n_head_kv, head_dim,
-        np.float32(kq_scale), kind_k, kind_v, flash, tiled,
+        np.float32(kq_scale), kind_k, kind_v, flash, tiled, _QK,
     )  # fmt: skip
 
 
@@ -202,21 +200,25 @@ def _round_q(qr, n, nq, kind):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _float_at(b, o, kind):  # type: ignore[no-untyped-def]
-    """Element of a float-type row at byte offset o, as float32 (exact)."""
+def _float_at(b, c, o, kind):  # type: ignore[no-untyped-def]
+    """Element of row c of a float-type layer b (raw bytes) at byte offset o, as float32 (exact); row and
+    offset are indexed directly (unsigned), as a row view per element would be reference counted."""
+    c, o = uint64(c), uint64(o)
     if kind == KIND_F16:
-        return get_f16(b, o)
+        return _F16[uint64(b[c, o]) | (uint64(b[c, o + uint64(1)]) << uint64(8))]
     if kind == _F32_AS_F16:
-        return _f16r(_f32_at(b, o))
+        return _f16r(_f32_at(b, c, o))
     if kind == KIND_BF16:
-        return bits_f32((np.uint32(b[o]) | (np.uint32(b[o + 1]) << np.uint32(8))) << np.uint32(16))  # type: ignore[call-arg]
-    return _f32_at(b, o)
+        return bits_f32(
+            (np.uint32(b[c, o]) | (np.uint32(b[c, o + uint64(1)]) << np.uint32(8))) << np.uint32(16)
+        )  # type: ignore[call-arg]
+    return _f32_at(b, c, o)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _f32_at(b, o):  # type: ignore[no-untyped-def]
-    u = np.uint32(b[o]) | (np.uint32(b[o + 1]) << np.uint32(8))
-    u |= (np.uint32(b[o + 2]) << np.uint32(16)) | (np.uint32(b[o + 3]) << np.uint32(24))
+def _f32_at(b, c, o):  # type: ignore[no-untyped-def]
+    u = np.uint32(b[c, o]) | (np.uint32(b[c, o + uint64(1)]) << np.uint32(8))
+    u |= (np.uint32(b[c, o + uint64(2)]) << np.uint32(16)) | (np.uint32(b[c, o + uint64(3)]) << np.uint32(24))
     return bits_f32(u)  # type: ignore[call-arg]
 
 
@@ -236,107 +238,71 @@ def _kq(row, ko, kind, head_dim, qr, xq, xd, xs, xsum, t, qo, sc):  # type: igno
 @numba.njit(cache=True, nogil=True)
 def _k_decode(row, ko, kind, head_dim, sc):  # type: ignore[no-untyped-def]
     """One cache row's head (from byte ko) into the scratch: float values exactly (kf), or a block type's
-    fields as llama-quant's block kernels take one row (qs, qh, d, m, or int8 values q8)."""
-    qs, qh, d, m, q8, _y, _acc, _acc2, _acc32, kf = sc
+    int8 values q8 and block scales d, m (``kv_dots.unpack_head``)."""
+    d, m, q8, kf = sc
     if _is_float(kind):
-        w = _BLOCK_BYTES[kind]
-        for i in range(head_dim):
-            kf[i] = _float_at(row, ko + i * w, kind)
+        _float_row(kf, row.reshape(1, -1), 0, ko, kind, head_dim)
         return
-    bb = _BLOCK_BYTES[kind]
-    for b in range(head_dim // 32):
-        o = ko + b * bb
-        d[b] = get_f16(row, o)
-        if kind in (_Q4_1, _Q5_1):
-            m[b] = get_f16(row, o + 2)
-        if kind == _Q8_0:
-            for j in range(32):
-                q8[b * 32 + j] = np.int8(row[o + 2 + j])
-        elif kind == _IQ4_NL:  # the Q8_0 product on the decoded values: ggml's d_y*d_x*sumi, same product
-            for j in range(16):
-                v = row[o + 2 + j]
-                q8[b * 32 + j] = np.int8(KVALUES_IQ4NL[v & 15])
-                q8[b * 32 + j + 16] = np.int8(KVALUES_IQ4NL[v >> 4])
-        elif kind in (_Q4_0, _Q4_1):
-            h = 2 if kind == _Q4_0 else 4
-            for j in range(16):
-                qs[b * 16 + j] = row[o + h + j]
-        else:  # Q5_0 / Q5_1: 4 bytes of fifth bits, then the nibbles
-            h = 2 if kind == _Q5_0 else 4
-            for j in range(4):
-                qh[b * 4 + j] = row[o + h + j]
-            for j in range(16):
-                qs[b * 16 + j] = row[o + h + 4 + j]
+    unpack_head(row, ko, kind, head_dim // 32, q8, d, m)
 
 
 @numba.njit(cache=True, nogil=True)
 def _k_dot(kind, head_dim, sc, qr, xq, xd, xs, xsum, t, qo):  # type: ignore[no-untyped-def]
     """The decoded row (``_k_decode``) . token t's head at value qo, as K's vec_dot computes it."""
-    qs, qh, d, m, q8, y, acc, acc2, acc32, kf = sc
+    d, m, q8, kf = sc
     if _is_float(kind):
         s = 0.0
         for i in range(head_dim):
             s += float64(kf[i] * qr[t, qo + i])  # f16/bf16 products exact in float; f32 ones rounded
         return float32(s)
-    nb = head_dim // 32
-    b0 = qo // 32
-    xqt, xdt, xst, xsumt = (
-        xq[t, qo : qo + head_dim],
-        xd[t, b0 : b0 + nb],
-        xs[t, b0 : b0 + nb],
-        xsum[t, 2 * b0 :],
-    )
-    one = uint64(1)
-    if kind in (_Q8_0, _IQ4_NL):
-        _tile_q8(y, q8, d, xqt, xdt, nb, acc32, one)
-    elif kind in (_Q4_0, _Q4_1):
-        _tile_q4(y, qs, d, m, xqt, xdt, xst, xsumt, nb, acc, one, kind == _Q4_1)
-    else:
-        _tile_q5(y, qs, qh, d, m, xqt, xdt, xst, xsumt, nb, acc, acc2, one, kind == _Q5_1)
-    return y[0]
+    return head_dot(kind, head_dim // 32, q8, d, m, xq[t], xd[t], xs[t], qo)
 
 
-@numba.njit(cache=True, nogil=True)
-def _v_row(dst, row, vo, kind, head_dim):  # type: ignore[no-untyped-def]
-    """dst[0:head_dim] = one cache row's head (from byte vo) as float32: ggml's to_float of the V type."""
+@numba.njit(cache=True, nogil=True, inline="always")
+def _float_row(dst, b, c, o, kind, head_dim):  # type: ignore[no-untyped-def]
+    """dst[0:head_dim] = row c of a float-type layer b from byte o, as float32 (exact)."""
+    w = uint64(_BLOCK_BYTES[kind])
+    for i in range(uint64(head_dim)):
+        dst[i] = _float_at(b, c, uint64(o) + i * w, kind)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")  # per cell: a call would count references
+def _v_row(dst, vb, c, vo, kind, head_dim, sc, qk):  # type: ignore[no-untyped-def]
+    """dst[0:head_dim] = row c of the cache layer vb from byte vo as float32: ggml's to_float of the V
+    type (``sc``: ``_make_scratch``; ``qk``: the block length, 32)."""
     if _is_float(kind):
-        w = _BLOCK_BYTES[kind]
-        for i in range(head_dim):
-            dst[i] = _float_at(row, vo + i * w, kind)
-        return
-    bb = _BLOCK_BYTES[kind]
-    for b in range(head_dim // 32):
-        blk = row[vo + b * bb : vo + (b + 1) * bb]
-        y = dst[b * 32 : b * 32 + 32]
-        if kind == _Q8_0:
-            _dq_q8_0(blk, y)
-        elif kind == _Q4_0:
-            _dq_q4_0(blk, y)
-        elif kind == _Q4_1:
-            _dq_q4_1(blk, y)
-        elif kind == _IQ4_NL:
-            _dq_iq4_nl(blk, y)
-        elif kind == _Q5_0:
-            _dq_q5_0(blk, y)
-        else:
-            _dq_q5_1(blk, y)
+        _float_row(dst, vb, c, vo, kind, head_dim)
+    else:
+        d, m, q8, _kf = sc
+        block_values(dst, vb, c, vo, kind, head_dim, q8, d, m, qk)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _make_scratch(head_dim):  # type: ignore[no-untyped-def]
+    """(d, m, q8, kf): a block type's scales, mins and int8 values, or a float row (``_k_decode``)."""
     nb = max(head_dim // 32, 1)
     return (
-        np.zeros(nb * 16, np.uint8),
-        np.zeros(nb * 4, np.uint8),
         np.zeros(nb, np.float32),
         np.zeros(nb, np.float32),
         np.zeros(nb * 32, np.int8),
-        np.zeros(1, np.float32),
-        np.zeros(1, np.int16),
-        np.zeros(1, np.int16),
-        np.zeros(1, np.int32),
         np.zeros(head_dim, np.float32),
     )
+
+
+@numba.njit(cache=True, nogil=True)
+def _scores(w, qr, xq, xd, xs, xsum, kb, cells, jlo, length, ko, t, kh, group, head_dim, scale, kind, qk):  # type: ignore[no-untyped-def]
+    """w[g, j] = K.Q * scale of cells[jlo + j] (j < length) for token t's query heads over KV head kh (K's
+    vec_dot, each dot on its own); block types through ``kv_dots.block_scores``."""
+    qo = kh * group * head_dim
+    if not _is_float(kind):
+        block_scores(w, kb, cells, jlo, length, ko, kind, head_dim, group, xq, xd, xs, t, qo, scale, qk)
+        return
+    sc = _make_scratch(head_dim)
+    kf = sc[3]
+    for j in range(length):
+        _float_row(kf, kb, cells[jlo + j], ko, kind, head_dim)
+        for g in range(group):
+            w[g, j] = _k_dot(kind, head_dim, sc, qr, xq, xd, xs, xsum, t, qo + g * head_dim) * scale
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -361,6 +327,7 @@ def _run(
     kind_v,
     flash,
     tiled,
+    qk,
 ):  # type: ignore[no-untyped-def]
     """One job per token and KV head (its query heads read each K and V row once), or per token and query
     head for the tiled kernel, in parallel: every row of q is computed on its own, as in ggml."""
@@ -378,12 +345,12 @@ def _run(
         if flash:
             _flash_rows(
                 out, qr, xq, xd, xs, xsum, kb, vb, cells, lo[t], hi[t], t, kh, n_head // n_head_kv, head_dim,
-                scale, kind_k, kind_v,
+                scale, kind_k, kind_v, qk,
             )  # fmt: skip
         else:
             _mha_rows(
                 out, qr, xq, xd, xs, xsum, kb, vb, cells, lo[t], hi[t], t, kh, n_head // n_head_kv, head_dim,
-                scale, kind_k, kind_v,
+                scale, kind_k, kind_v, qk,
             )  # fmt: skip
 
 
@@ -400,39 +367,35 @@ def _head_bytes(kind, head_dim):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def _flash_rows(
-    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v
+    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v, qk
 ):  # type: ignore[no-untyped-def]
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for the rows of q of token t's query heads over
     KV head kh (no mask values, sinks or softcap: the cells outside [jlo, jhi) are the masked ones ggml
     skips); each head keeps its own running max, sum and accumulator."""
     ko, vo = kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
-    sc = _make_scratch(head_dim)
+    length = max(jhi - jlo, 0)
+    w = np.empty((group, max(length, 1)), np.float32)
+    # the K.Q values do not depend on the running softmax: all of them first, each as ggml computes it
+    _scores(w, qr, xq, xd, xs, xsum, kb, cells, jlo, length, ko, t, kh, group, head_dim, scale, kind_k, qk)
     acc = np.zeros((group, head_dim), np.float32)  # VKQ32, or VKQ16's values (each an f16) for an f16 V
     v32 = np.empty(head_dim, np.float32)
     big_s = np.zeros(group, np.float32)
-    big_m = np.full(group, -np.inf, np.float32)
+    ms = np.empty((group, max(length, 1)), np.float32)
+    _online_softmax(w, ms, big_s, group, length)  # w becomes vs
     f16v = kind_v in (KIND_F16, _F32_AS_F16)
-    for j in range(jlo, jhi):
-        c = cells[j]
-        _k_decode(kb[c], ko, kind_k, head_dim, sc)
-        _v_row(v32, vb[c], vo, kind_v, head_dim)
-        for g in range(group):
-            s = _k_dot(kind_k, head_dim, sc, qr, xq, xd, xs, xsum, t, (kh * group + g) * head_dim)
-            s = s * scale
-            ms = float32(1.0)
-            vs = float32(1.0)
-            a = acc[g]
-            if s > big_m[g]:
-                m_old = big_m[g]
-                big_m[g] = s
-                ms = float32(math.exp(m_old - s))
-                for d in range(head_dim):
-                    a[d] = _f16r(a[d] * ms) if f16v else a[d] * ms
+    sc = _make_scratch(head_dim)
+    hd = uint64(head_dim)
+    for j in range(length):
+        _v_row(v32, vb, cells[jlo + j], vo, kind_v, head_dim, sc, qk)
+        for g in range(uint64(group)):
+            m, vs = ms[g, j], w[g, j]
+            # V = V * ms (skipped by ggml when ms is 1: x * 1 is x), then V += v * vs
+            if f16v:
+                for d in range(hd):
+                    acc[g, d] = _f16r(_f16r(acc[g, d] * m) + v32[d] * vs)
             else:
-                vs = float32(math.exp(s - big_m[g]))
-            for d in range(head_dim):
-                a[d] = _f16r(a[d] + v32[d] * vs) if f16v else a[d] + v32[d] * vs
-            big_s[g] = big_s[g] * ms + vs
+                for d in range(hd):
+                    acc[g, d] = acc[g, d] * m + v32[d] * vs
     for g in range(group):
         inv = float32(0.0) if big_s[g] == float32(0.0) else float32(1.0) / big_s[g]
         qo = (kh * group + g) * head_dim
@@ -441,23 +404,43 @@ def _flash_rows(
 
 
 @numba.njit(cache=True, nogil=True)
+def _online_softmax(w, ms, big_s, group, length):  # type: ignore[no-untyped-def]
+    """The online softmax's factors for the K.Q values w [group, length], in the cells' order: a new
+    maximum M gives ms = expf(M_old - M) and vs = 1, any other value ms = 1 and vs = expf(s - M); w is
+    overwritten with vs, ms written, and big_s [group] = the sum S = S * ms + vs. They depend on K.Q alone,
+    so they are taken apart from the V sums, whose vector code then runs without calls to expf."""
+    for g in range(group):
+        big_m = float32(-np.inf)
+        total = float32(0.0)
+        for j in range(length):
+            s = w[g, j]
+            m = float32(1.0)
+            vs = float32(1.0)
+            if s > big_m:
+                m = float32(math.exp(big_m - s))
+                big_m = s
+            else:
+                vs = float32(math.exp(s - big_m))
+            ms[g, j] = m
+            w[g, j] = vs
+            total = total * m + vs
+        big_s[g] = total
+
+
+@numba.njit(cache=True, nogil=True)
 def _mha_rows(
-    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v
+    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v, qk
 ):  # type: ignore[no-untyped-def]
     """mul_mat(k, q) -> soft_max_ext -> mul_mat(v, kq) for the rows of q of token t's query heads over KV
     head kh, as ``attention``: KQ scaled in float, ggml_v_expf softmax, the probabilities converted to V's
     type, the products summed in double."""
     ko, vo = kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
-    sc = _make_scratch(head_dim)
-    length = jhi - jlo
+    length = max(jhi - jlo, 0)
     w = np.empty((group, max(length, 1)), np.float32)
+    _scores(w, qr, xq, xd, xs, xsum, kb, cells, jlo, length, ko, t, kh, group, head_dim, scale, kind_k, qk)
     mx = np.full(group, -np.inf, np.float32)
-    for j in range(length):
-        _k_decode(kb[cells[jlo + j]], ko, kind_k, head_dim, sc)
-        for g in range(group):
-            w[g, j] = (
-                _k_dot(kind_k, head_dim, sc, qr, xq, xd, xs, xsum, t, (kh * group + g) * head_dim) * scale
-            )
+    for g in range(group):
+        for j in range(length):
             if w[g, j] > mx[g]:
                 mx[g] = w[g, j]
     inv = np.empty(group, np.float32)
@@ -465,17 +448,17 @@ def _mha_rows(
         inv[g] = _softmax_sse2(w[g], 0, length, mx[g])
     acc = np.zeros((group, head_dim), np.float64)
     v32 = np.empty(head_dim, np.float32)
+    sc = _make_scratch(head_dim)
     for j in range(length):
-        _v_row(v32, vb[cells[jlo + j]], vo, kind_v, head_dim)
-        for g in range(group):
+        _v_row(v32, vb, cells[jlo + j], vo, kind_v, head_dim, sc, qk)
+        for g in range(uint64(group)):
             p = w[g, j] * inv[g]
             if kind_v == KIND_F16:
                 p = _f16r(p)
             elif kind_v == KIND_BF16:
                 p = _bf16r(p)
-            a = acc[g]
-            for d in range(head_dim):
-                a[d] += float64(p * v32[d])  # f16/bf16 products are exact in float; f32 ones rounded
+            for d in range(uint64(head_dim)):
+                acc[g, d] += float64(p * v32[d])  # f16/bf16 products are exact in float; f32 ones rounded
     for g in range(group):
         qo = (kh * group + g) * head_dim
         for d in range(head_dim):
@@ -510,10 +493,10 @@ def _tiled_row(out, q, kb, vb, cells, jlo, jhi, t, h, n_head, n_head_kv, head_di
         for i in range(_KV_TILE):
             kq[i] = float32(-np.inf)
             if slot_j[i] >= 0:
-                row = kb[cells[slot_j[i]]]
+                c = cells[slot_j[i]]
                 sacc = float32(0.0)
                 for d in range(head_dim):
-                    sacc = sacc + q[t, qo + d] * _float_at(row, ko + d * wk, kind_k)
+                    sacc = sacc + q[t, qo + d] * _float_at(kb, c, ko + d * wk, kind_k)
                 kq[i] = sacc * scale
             tile_max = tile_max if tile_max > kq[i] else kq[i]
         if tile_max == float32(-np.inf):
@@ -538,7 +521,7 @@ def _tiled_row(out, q, kb, vb, cells, jlo, jhi, t, h, n_head, n_head_kv, head_di
             a = acc[d]
             for i in range(_KV_TILE):
                 if slot_j[i] >= 0:
-                    a = a + kq[i] * _float_at(vb[cells[slot_j[i]]], vo + d * wv, kind_v)
+                    a = a + kq[i] * _float_at(vb, cells[slot_j[i]], vo + d * wv, kind_v)
             acc[d] = a
     inv = float32(0.0) if big_s == float32(0.0) else float32(1.0) / big_s
     for d in range(head_dim):

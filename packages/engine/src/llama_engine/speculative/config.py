@@ -92,6 +92,9 @@ class DraftParams:
     probabilistic: bool = False  # sample the draft and verify by rejection sampling (temperature > 0)
     cache_type_k: str = "f16"  # the draft's own KV cache types (-ctkd/-ctvd)
     cache_type_v: str = "f16"
+    # -fa on|off|auto, resolved for the draft's own cache types and head size by the target's rules
+    # (kv_types.resolve_flash_attn): llama.cpp gives the draft context the target's flash_attn_type
+    flash_attn: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from gguf_io import open as open_gguf
 from ..arch import DecoderModel, load_model
 from ..batch import Batch
 from ..kv_cache import KVCacheFullError
+from ..kv_types import resolve_flash_attn
 from ..sampling import LLAMA_DEFAULT_SEED
 from ..tokenizer import Tokenizer
 from .config import DraftParams
@@ -91,9 +92,12 @@ class DraftModel:
             target.n_vocab, self.model.config.n_vocab
         )  # drafts stay in the target's vocabulary
         self.n_batch = n_batch
-        # room for every slot's context plus its drafts
+        # room for every slot's context plus its drafts; flash attention as the target decides it, for the
+        # draft's cache types (a quantized -ctvd turns it on under auto, is refused under off)
+        ctk, ctv = params.cache_type_k, params.cache_type_v
+        flash = resolve_flash_attn(params.flash_attn, ctk, ctv, self.model.config.head_dim)
         self.kv = self.model.make_kv_cache(
-            n_ctx + n_seq * (self.n_max + 1), n_seq, n_batch, False, params.cache_type_k, params.cache_type_v
+            n_ctx + n_seq * (self.n_max + 1), n_seq, n_batch, False, ctk, ctv, flash
         )
         self.cached: list[list[int]] = [[] for _ in range(n_seq)]  # what each draft sequence holds
         self._rng: dict[int, np.random.Generator] = {}
