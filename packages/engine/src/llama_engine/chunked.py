@@ -19,6 +19,7 @@ from gguf_io import open as open_gguf
 
 from .arch import DecoderModel, load_model
 from .batch import Batch
+from .kv_types import flash_attn_mode
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -35,13 +36,9 @@ __all__ = [
 
 N_UBATCH = 512  # llama.cpp's default physical batch
 
-# llama.cpp's -fa spellings (common/arg.cpp is_truthy / is_falsey / is_autoy)
-_FA = {"on": "on", "enabled": "on", "true": "on", "1": "on", "off": "off", "disabled": "off", "false": "off"}
-_FA |= {"0": "off", "auto": "auto", "-1": "auto"}
-
 
 def _flash_attn(ctx: click.Context, param: click.Parameter, value: str) -> bool:
-    fa = _FA.get(value.strip().lower())
+    fa = flash_attn_mode(value)
     if fa is None:
         raise click.BadParameter(f"error: unknown value for --flash-attn: '{value}'", ctx, param)
     return fa != "off"  # auto: on, as llama.cpp resolves it on a CPU (every layer supports it)

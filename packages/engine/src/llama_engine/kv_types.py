@@ -28,6 +28,7 @@ __all__ = [
     "KVType",
     "decode_rows",
     "encode_rows",
+    "flash_attn_mode",
     "kv_type",
     "resolve_flash_attn",
     "rotation_sizes",
@@ -151,6 +152,17 @@ def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 FLASH_ATTN_VALUES = ("on", "off", "auto")
+# llama.cpp's -fa spellings (common/arg.cpp is_truthy / is_falsey / is_autoy)
+_FA_SPELLINGS = (
+    dict.fromkeys(("on", "enabled", "true", "1"), "on")
+    | dict.fromkeys(("off", "disabled", "false", "0"), "off")
+    | dict.fromkeys(("auto", "-1"), "auto")
+)
+
+
+def flash_attn_mode(value: str) -> str | None:
+    """``on``, ``off`` or ``auto`` for a ``-fa`` value in any of llama.cpp's spellings, None if it is none."""
+    return _FA_SPELLINGS.get(value.strip().lower())
 
 
 def resolve_flash_attn(flash_attn: str, type_k: str, type_v: str, head_dim: int) -> bool:

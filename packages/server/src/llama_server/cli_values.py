@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from llama_engine.kv_cache import KV_TYPES
+from llama_engine.kv_types import flash_attn_mode
 
 from .model_overrides import parse_override_kv
 
@@ -47,9 +48,7 @@ def cache_type(name: str, flag: str) -> str:
 def flash_attn_value(value: str, cache_type_v: str) -> str:
     """-fa on|off|auto with llama.cpp's spellings (is_truthy / is_falsey / is_autoy); a quantized V cache
     with flash attention off is llama.cpp's start-up error."""
-    v = value.strip().lower()
-    fa = {"on": "on", "enabled": "on", "true": "on", "1": "on", "off": "off", "disabled": "off"}.get(v)
-    fa = fa or {"false": "off", "0": "off", "auto": "auto", "-1": "auto"}.get(v)
+    fa = flash_attn_mode(value)
     if fa is None:
         raise click.BadParameter(
             f"error: unknown value for --flash-attn: '{value}'", param_hint="--flash-attn"
