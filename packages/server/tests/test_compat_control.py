@@ -8,17 +8,14 @@ SmolLM2 with llama.cpp's QwQ template, whose generation prompt opens the thinkin
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Server, start_server, stop_server
+from conftest import LLAMA_CPP_SRC, Server, start_server, stop_server
 
-SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
-TEMPLATE = SRC / "models/templates/Qwen-QwQ-32B.jinja"
+TEMPLATE = LLAMA_CPP_SRC / "models/templates/Qwen-QwQ-32B.jinja"
 MESSAGE = " Enough."
 ASK = {"messages": [{"role": "user", "content": "Write a long story about a cat."}], "max_tokens": 400}
 

@@ -5,15 +5,13 @@ SmolLM2 with llama.cpp's QwQ template, whose generation prompt opens the thinkin
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import click
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, smollm2_path, sse_events, start_server, stop_server
+from conftest import LLAMA_CPP_SRC, Server, smollm2_path, sse_events, start_server, stop_server
 
 from llama_engine.grammar.matcher import GrammarMatcher, compile_grammar
 from llama_engine.grammar.triggers import GrammarTrigger, TriggerType
@@ -22,8 +20,7 @@ from llama_engine.sampling import ReasoningBudgetParams, Sampler, SamplingParams
 from llama_engine.sampling.reasoning_budget import UNLIMITED, BudgetState
 from llama_server.cli import build_config, main
 
-SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
-TEMPLATE = SRC / "models/templates/Qwen-QwQ-32B.jinja"
+TEMPLATE = LLAMA_CPP_SRC / "models/templates/Qwen-QwQ-32B.jinja"
 MESSAGE = " Time is up."
 ASK = {"messages": [{"role": "user", "content": "What is 12 times 7?"}], "max_tokens": 24}
 

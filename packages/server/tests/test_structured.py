@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from conftest import Server, assert_error, smollm2_path, start_server, stop_server
+from conftest import LLAMA_CPP_SRC, Server, assert_error, smollm2_path, start_server, stop_server
 
 MESSAGES = [
     {"role": "system", "content": "You are a coding assistant."},
@@ -292,12 +292,9 @@ def test_cli_bad_grammar_refused(tmp_path: Path) -> None:
 
 
 def _template(name: str):
-    import os
-
     from llama_server.template import ChatTemplate
 
-    src = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
-    return ChatTemplate((src / "models" / "templates" / name).read_text())
+    return ChatTemplate((LLAMA_CPP_SRC / "models" / "templates" / name).read_text())
 
 
 def _accepts(grammar: str, text: str) -> bool:

@@ -4,17 +4,16 @@ the built-in templates by name render as llama.cpp's, and thinking renders as ll
 from __future__ import annotations
 
 import datetime
-import os
 from pathlib import Path
 
 import pytest
+from conftest import LLAMA_CPP_SRC
 
 from llama_server.builtin_templates import BUILTIN_NAMES, BuiltinTemplate, detect_builtin, make_template
 from llama_server.chat_prompt import _thinking_tail
 from llama_server.template import ChatTemplate, TemplateError
 
-SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
-TEMPLATES = SRC / "models" / "templates"
+TEMPLATES = LLAMA_CPP_SRC / "models" / "templates"
 FILES = sorted(TEMPLATES.glob("*.jinja"))
 TOOLS = [
     {

@@ -5,7 +5,6 @@ test_mcp_servers.py, test_proxy.py)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -17,13 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Server, smollm2_path, start_server, stop_server
+from conftest import LLAMA_CPP_SRC, Server, smollm2_path, start_server, stop_server
 from llama_tools.config import BUILTIN_TOOL_NAMES
 
 KEY = "tools-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 OURS = str(Path(__file__).parents[2] / "tools" / "tests" / "mcp_test_server.py")
-LLAMA_CPP_SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
 FIXTURES = LLAMA_CPP_SRC / "tools" / "server" / "tests" / "fixtures"
 DISABLED = {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
 
