@@ -97,7 +97,10 @@ def _jobs(engine: Engine, sampling: tuple[SamplingParams, ...]) -> list[CompileJ
     """The compile jobs, longest first: the passes' kernels by code size with the sampler chains among them
     (one job: their kernels' results steer the chain, so they cannot be planned), and last
     each pass whose plan stopped early (it then finds most of its kernels cached)."""
-    cfg = dataclasses.replace(engine.config, n_ctx=max(_JOB_CTX, 16 * engine.config.n_parallel), warmup=False)
+    # no prompt cache in the scratch engine and the jobs' engines (the passes' kernels do not depend on it,
+    # and it would announce itself again)
+    n_ctx = max(_JOB_CTX, 16 * engine.config.n_parallel)
+    cfg = dataclasses.replace(engine.config, n_ctx=n_ctx, warmup=False, cache_ram_mib=0)
     scratch = _scratch_engine(engine.gguf.path, cfg)  # the plan's garbage stays in its tables
     kernels: list[CompileJob] = []
     rest: list[CompileJob] = []
