@@ -4,7 +4,7 @@ from llama_server import ServerConfig, create_app
 import uvicorn
 
 app = create_app(ServerConfig(model="SmolLM2-135M-Instruct.Q4_1.gguf", n_parallel=4, n_ctx=4096))
-uvicorn.run(app, host="127.0.0.1", port=8080)
+uvicorn.run(app, host="127.0.0.1", port=8080, http="h11")  # h11 keeps header names in canonical case
 """
 
 from .app import create_app

@@ -548,5 +548,8 @@ def serve(app: Any, state: Any, **uvicorn_options: Any) -> None:
             super().handle_exit(sig, frame)
 
     sockets = uvicorn_options.pop("sockets", None)
+    # h11 even where httptools is installed (the router depends on it): uvicorn's httptools protocol writes
+    # every header name in lower case, undoing CanonicalHeaders (llama-server's `Content-Type`, `Server`)
+    uvicorn_options.setdefault("http", "h11")
     config = uvicorn.Config(app, timeout_graceful_shutdown=5, server_header=False, **uvicorn_options)
     DrainingServer(config).run(sockets=sockets)
