@@ -85,6 +85,48 @@ def test_last_stream_chunk_carries_timings(c):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "timings" in chunks[-1]
 
 
+_EOS_PROMPT = "<|im_start|>user\nWhat is 2+2? Answer with one number.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_end_of_generation_token_is_a_token_of_its_own(c):
+    """As llama-server: the end-of-generation token gets its own stream chunk (id, empty text, counted in
+    tokens_predicted), and non-streamed results list it in `tokens` and the probabilities."""
+    import json
+
+    body = {"prompt": _EOS_PROMPT, "n_predict": 64, "stop": [".\n"]}
+    chunks = [json.loads(e) for e in sse_events(c.post("/completion", json={**body, "stream": True}).text)]
+    final, eog = chunks[-1], chunks[-2]
+    assert final["stop"] and final["stop_type"] == "eos", final
+    # the held-back "." (a prefix of the stop string) leaves with the end-of-generation token
+    assert eog["content"] == "." and len(eog["tokens"]) == 1 and not eog["stop"]
+    assert eog["tokens_predicted"] == final["tokens_predicted"] == len(chunks) - 1
+    eos = eog["tokens"][0]
+    full = c.post("/completion", json={**body, "n_probs": 1, "return_tokens": True}).json()
+    assert full["tokens"][-1] == eos and len(full["tokens"]) == full["tokens_predicted"]
+    probs = full["completion_probabilities"]
+    assert len(probs) == full["tokens_predicted"] and probs[-1]["id"] == eos and probs[-1]["token"] == ""
+    # OpenAI completions: a chunk per token, empty text included; chat: a token that adds nothing sends nothing
+    oai = {"prompt": _EOS_PROMPT, "max_tokens": 64, "stream": True}
+    texts = [
+        json.loads(e)["choices"][0]["text"] for e in sse_events(c.post("/v1/completions", json=oai).text)[:-1]
+    ]
+    assert len(texts) == full["tokens_predicted"] + 1 and texts[-2:] == ["", ""]  # the EOG chunk, the last
+    chat = {
+        "messages": [{"role": "user", "content": "What is 2+2? Answer with one number."}],
+        "max_tokens": 64,
+    }
+    events = [
+        json.loads(e)
+        for e in sse_events(
+            c.post("/v1/chat/completions", json={**chat, "stream": True, "logprobs": True}).text
+        )[:-1]
+    ]
+    assert all(ch["choices"][0]["delta"] or ch["choices"][0]["finish_reason"] for ch in events)
+    lp = c.post("/v1/chat/completions", json={**chat, "logprobs": True}).json()
+    assert lp["choices"][0]["logprobs"]["content"][-1]["token"] == ""
+    assert len(lp["choices"][0]["logprobs"]["content"]) == lp["usage"]["completion_tokens"]
+
+
 def test_routes_of_features_that_are_off(c):
     err = assert_error(c.post("/v1/audio/transcriptions", files={"file": b"x"}), 501, "not_supported_error")
     assert err["message"] == "The current model does not support audio input."

@@ -245,3 +245,8 @@ def test_special_tokens_are_rendered(c):
     assert eos["content"] == "<|im_end|>" and eos["stop_type"] == "eos"
     chunks = _events(c.post("/completion", json={**body, "stream": True}))
     assert "".join(ch["content"] for ch in chunks) == "<|im_start|>"
+    # the end-of-generation token's own chunk carries its piece; probabilities show special pieces too
+    end_bias = {**body, "logit_bias": [[end, 100.0]], "n_probs": 1}
+    chunks = _events(c.post("/completion", json={**end_bias, "stream": True}))
+    assert chunks[0]["content"] == "<|im_end|>" and chunks[0]["tokens"] == [end] and chunks[-1]["stop"]
+    assert chunks[0]["completion_probabilities"][0]["token"] == "<|im_end|>"

@@ -76,6 +76,8 @@ class LLM:
         try:
             for ev in handle:
                 if isinstance(ev, TokenEvent):
+                    if not ignore_eos and self.tokenizer.is_eog(ev.token):
+                        continue  # the end-of-generation token (its FinalEvent follows): not part of the text
                     yield ev.token
                 elif isinstance(ev, FinalEvent):  # progress events only come to return_progress requests
                     self.last = ev

@@ -446,8 +446,12 @@ class Scheduler:
             return
         s.n_generated += 1
         if self.tokenizer.is_eog(token) and not req.sampling.ignore_eos:
-            if req.special:  # llama.cpp adds the special piece (`-sp`) before it stops
-                s.held += s.detok.feed(token)  # type: ignore[attr-defined]
+            # as llama-server: the end-of-generation token is an event of its own (its id, probabilities and
+            # any text held back for a possible stop string; its special piece only with `-sp`), then the end
+            text = s.held + (s.detok.feed(token) if req.special else "")  # type: ignore[attr-defined]
+            s.held = ""
+            timings = self._timings(s, time.perf_counter()) if req.timings_per_token else None
+            s.emit(TokenEvent(token, text, prob, top, timings))
             self._finish(s, StopReason.EOS)
             return
         preserved = token in req.sampling.preserved_tokens  # a special token whose text is output

@@ -203,14 +203,15 @@ class _Pieces:
     """Each token's piece as (longest valid UTF-8 prefix, raw bytes), decoded once per tokenizer: a stream
     with `n_probs` 1024 asks for 1024 pieces per token."""
 
-    def __init__(self, tok: Tokenizer) -> None:
+    def __init__(self, tok: Tokenizer, special: bool) -> None:
         self.tok = tok
+        self.special = special
         self.cache: dict[int, tuple[str, list[int]]] = {}
 
     def __getitem__(self, token: int) -> tuple[str, list[int]]:
         hit = self.cache.get(token)
         if hit is None:
-            raw = self.tok.token_to_piece(token, special=True)
+            raw = self.tok.token_to_piece(token, special=self.special)
             hit = self.cache[token] = (_valid_prefix(raw), list(raw))
         return hit
 
@@ -224,13 +225,14 @@ def _valid_prefix(raw: bytes) -> str:
     return raw.decode("utf-8", "ignore")
 
 
-_pieces: dict[int, _Pieces] = {}  # by id(): a Tokenizer has slots and no weak references
+_pieces: dict[tuple[int, bool], _Pieces] = {}  # by id(): a Tokenizer has slots and no weak references
 
 
-def _pieces_of(tok: Tokenizer) -> _Pieces:
-    p = _pieces.get(id(tok))
+def _pieces_of(tok: Tokenizer, special: bool) -> _Pieces:
+    key = (id(tok), special)
+    p = _pieces.get(key)
     if p is None or p.tok is not tok:
-        p = _pieces[id(tok)] = _Pieces(tok)
+        p = _pieces[key] = _Pieces(tok, special)
     return p
 
 
@@ -238,9 +240,10 @@ def _logprob(p: float) -> float:
     return math.log(p) if p > 0 else LOGPROB_ZERO
 
 
-def prob_entry(tok: Tokenizer, ev: TokenEvent, post_sampling: bool) -> Probs:
-    """One entry of `completion_probabilities` / `logprobs.content` (endpoints.md §2.4)."""
-    pieces = _pieces_of(tok)
+def prob_entry(tok: Tokenizer, ev: TokenEvent, post_sampling: bool, special: bool = False) -> Probs:
+    """One entry of `completion_probabilities` / `logprobs.content` (endpoints.md §2.4). As llama-server, a
+    special token's piece is empty unless `special` (`-sp`)."""
+    pieces = _pieces_of(tok, special)
     text, raw = pieces[ev.token]
     if post_sampling:
         tops = [TopProb(tid, *pieces[tid], p) for tid, p in ev.top if p > 0]

@@ -74,14 +74,15 @@ class Formatter:
     named: ClassVar[bool] = False  # `event: <tag>` lines (Anthropic, Responses)
     done: ClassVar[bytes] = b""  # the stream's last bytes after the final events (`data: [DONE]`)
 
-    def __init__(self, tok: Tokenizer, n_probs: int = 0, post: bool = False) -> None:
+    def __init__(self, tok: Tokenizer, n_probs: int = 0, post: bool = False, special: bool = False) -> None:
         self.tok = tok
         self.n_probs = n_probs
         self.post = post
+        self.special = special  # `-sp`: special tokens' pieces in the probabilities too
 
     def probs(self, ev: TokenEvent) -> Probs | None:
         """This token's probability entry, when the request asked for them."""
-        return prob_entry(self.tok, ev, self.post) if self.n_probs > 0 and ev.top else None
+        return prob_entry(self.tok, ev, self.post, self.special) if self.n_probs > 0 and ev.top else None
 
     def opening(self) -> Iterable[msgspec.Struct]:
         """Events before the first engine event."""

@@ -72,6 +72,7 @@ class ChatController(Controller):
             model=server.model_name,
             n_probs=_n_probs(data),
             post=bool(data.post_sampling_probs),
+            special=server.config.special,
             include_usage=bool(data.stream_options and data.stream_options.include_usage),
             verbose=verbose_for(data, server.config, tok, job.reqs, server.model_name, _n_probs(data)),
         )

@@ -39,6 +39,7 @@ async def _native(
         server.model_name,
         n_probs=_n_probs(body),
         post=bool(body.post_sampling_probs),
+        special=server.config.special,
         return_tokens=bool(body.return_tokens),
         response_fields=body.response_fields,
     )
@@ -75,6 +76,7 @@ class CompletionController(Controller):
             model=server.model_name,
             n_probs=_n_probs(data),
             post=bool(data.post_sampling_probs),
+            special=server.config.special,
             verbose=verbose_for(data, server.config, tok, reqs, server.model_name, _n_probs(data)),
         )
         return await respond(request, server, reqs, fmt, data)

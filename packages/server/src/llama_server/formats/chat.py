@@ -155,10 +155,11 @@ class ChatFormatter(Formatter):
         model: str,
         n_probs: int,
         post: bool,
+        special: bool = False,
         include_usage: bool,
         verbose: Verbose | None = None,
     ) -> None:
-        super().__init__(tok, n_probs, post)
+        super().__init__(tok, n_probs, post, special)
         self.verbose = verbose
         self.parsing = parsing
         self.streams = [parsing.stream() for _ in range(n)]
@@ -185,13 +186,16 @@ class ChatFormatter(Formatter):
             self.verbose.chunk(index, ev)
         out = self._start(index)
         d = self.streams[index].feed(ev.text, final=False)
-        probs = self.probs(ev)
-        if d or probs is not None:
-            choice = ChunkChoice(None, index, _delta(d))
+        if d:
+            out.append(replace(self.head, choices=[ChunkChoice(None, index, _delta(d))]))
+        # as llama-server: a token that changes nothing sends nothing (its logprobs and timings only ride on
+        # a chunk this token sent, the last one)
+        if out:
+            probs = self.probs(ev)
             if probs is not None:
-                choice.logprobs = LogprobsContent([probs])
-            tm = timings_out(ev.timings) if ev.timings is not None else UNSET
-            out.append(replace(self.head, choices=[choice], timings=tm))
+                out[-1].choices[0].logprobs = LogprobsContent([probs])
+            if ev.timings is not None:
+                out[-1].timings = timings_out(ev.timings)
         return out
 
     def final(self, index: int, ev: FinalEvent) -> list[ChatCompletionChunk]:

@@ -61,18 +61,17 @@ class CompletionsFormatter(Formatter):
         model: str,
         n_probs: int,
         post: bool,
+        special: bool = False,
         verbose: Verbose | None = None,
     ) -> None:
-        super().__init__(tok, n_probs, post)
+        super().__init__(tok, n_probs, post, special)
         self.verbose = verbose
         # what every chunk shares
         self.head = TextCompletion([], created, model, BUILD_INFO, "text_completion", id=id)
 
     def token(self, index: int, ev: TokenEvent) -> list[TextCompletion]:
         native = self.verbose.chunk(index, ev) if self.verbose is not None else UNSET
-        probs = self.probs(ev)
-        if not ev.text and probs is None:
-            return []
+        probs = self.probs(ev)  # as llama-server: a chunk per token, empty while text is held back
         lp = LogprobsContent([probs]) if probs is not None else None
         tm = timings_out(ev.timings) if ev.timings is not None else UNSET
         choice = CompletionChoice(ev.text, index, lp, None)

@@ -66,10 +66,11 @@ class NativeFormatter(Formatter):
         *,
         n_probs: int,
         post: bool,
+        special: bool = False,
         return_tokens: bool = False,
         response_fields: list[str] | None = None,
     ) -> None:
-        super().__init__(tok, n_probs, post)
+        super().__init__(tok, n_probs, post, special)
         self.reqs = reqs
         self.settings = settings
         self.model = model

@@ -34,9 +34,12 @@ class Verbose:
         *,
         n_probs: int,
         post: bool,
+        special: bool = False,
     ) -> None:
         settings = [generation_settings(r, stream, eog_ids=tok.eog_ids) for r in reqs]
-        self._native = NativeFormatter(tok, reqs, settings, model, n_probs=n_probs, post=post)
+        self._native = NativeFormatter(
+            tok, reqs, settings, model, n_probs=n_probs, post=post, special=special
+        )
 
     def chunk(self, index: int, ev: TokenEvent) -> NativeChunk:
         """A streamed token's native chunk."""
@@ -64,4 +67,4 @@ def verbose_for(
     if not on:
         return None
     post = bool(body.post_sampling_probs)
-    return Verbose(tok, reqs, bool(body.stream), model, n_probs=n_probs, post=post)
+    return Verbose(tok, reqs, bool(body.stream), model, n_probs=n_probs, post=post, special=config.special)
