@@ -97,10 +97,11 @@ def test_env_vars_and_cli_wins(captured, tmp_path):
 
 def test_ignored_flags_notice(captured):
     r = CliRunner().invoke(
-        main, ["-ngl", "99", "-fa", "on", "--mlock", "--numa", "distribute", "-dev", "none"]
+        main,
+        ["-ngl", "99", "-fa", "on", "--mlock", "--numa", "distribute", "-dev", "none", "--media-path", "."],
     )
     assert r.exit_code == 0, r.output
-    assert "has no effect" in r.output
+    assert "has no effect" in r.output and "--media-path has no effect" in r.output
 
 
 def test_invalid_values():

@@ -49,6 +49,23 @@ def test_assets_load_without_the_key(keyed: Server) -> None:
     )
 
 
+def test_pwa_files_and_the_service_worker_are_public(keyed: Server) -> None:
+    """As llama-server's UI files (llama.cpp's test_access_static_assets_without_api_key): the manifest,
+    the version file and `/sw.js` load without the key. Our UI registers no service worker, so `/sw.js`
+    retires one another UI registered at this address."""
+    html = httpx.get(keyed.base_url + "/").text
+    assert '<link rel="manifest" href="/manifest.webmanifest" />' in html
+    manifest = httpx.get(keyed.base_url + "/manifest.webmanifest")
+    assert manifest.status_code == 200 and manifest.headers["content-type"].startswith(
+        "application/manifest+json"
+    )
+    assert manifest.json()["icons"][0]["src"] == "favicon.svg"
+    assert httpx.get(keyed.base_url + "/favicon.svg").status_code == 200
+    assert httpx.get(keyed.base_url + "/_app/version.json").json() == {"version": "0.1.0"}
+    sw = httpx.get(keyed.base_url + "/sw.js")
+    assert sw.status_code == 200 and "javascript" in sw.headers["content-type"] and "unregister()" in sw.text
+
+
 def test_the_api_still_needs_the_key(keyed: Server) -> None:
     assert_error(httpx.get(keyed.base_url + "/v1/models"), 401, "authentication_error")
     assert_error(httpx.get(keyed.base_url + "/props"), 401, "authentication_error")

@@ -141,6 +141,7 @@ OPTIONS: tuple[Option, ...] = (
     # accepted by the server with no effect (no GPU backends)
     _o("-ngl --gpu-layers --n-gpu-layers", "LLAMA_ARG_N_GPU_LAYERS"),
     _o("--mlock", "LLAMA_ARG_MLOCK", _F),
+    _o("--media-path"),
     _o("--mmap", "LLAMA_ARG_MMAP", _F, "--no-mmap"),
     _o("--numa", "LLAMA_ARG_NUMA"),
     _o("-dev --device", "LLAMA_ARG_DEVICE"),

@@ -73,6 +73,7 @@ IGNORED: list[tuple[tuple[str, ...], bool]] = [
     (("--check-tensors",), False),
     (("-dt", "--defrag-thold"), True),
     (("--list-devices",), False),
+    (("--media-path",), True),  # file:// media URLs: without a projector every media part is refused anyway
 ]
 
 
@@ -337,7 +338,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
     for key, value in kw.items():
         if key.startswith("ignored_") and value not in (None, False):
             click.echo(
-                f"llama-server: option --{key[8:].replace('_', '-')} has no effect here (no GPU backends)",
+                f"llama-server: option --{key[8:].replace('_', '-')} has no effect here (no GPU backends, "
+                "no multimodal projector)",
                 err=True,
             )
     model = kw["model"]

@@ -1,7 +1,8 @@
 """The web UI's route handlers, shared by `llama-server` and `llama-router` (both serve it at `/`).
 
 `webui_routes(root)` serves the built files of a directory (`llama_webui.static_dir()` or `--path DIR`),
-or, with `root=None` (`--no-webui`), only a `/sw.js` that unregisters itself. It also returns the URL
+or, with `root=None` (`--no-webui`), only a `/sw.js` that unregisters itself (also served next to a
+directory that has no `sw.js`: a browser may hold a worker of another UI that was served at this address). It also returns the URL
 paths of those files: the callers keep them public when an API key is set (the page must load before the
 user can enter the key) and serve them while a model loads.
 """
@@ -63,4 +64,7 @@ def webui_routes(root: Path | None) -> tuple[list[Any], frozenset[str]]:
             routes.append(_file_route(f"/{entry.name}", entry))
     if (root / "index.html").is_file():
         routes.append(_file_route("/", root / "index.html"))
+    if "/sw.js" not in files:  # a UI without a service worker still retires one an earlier UI registered here
+        routes.append(_unregister_service_worker)
+        files |= {"/sw.js"}
     return routes, files
