@@ -438,27 +438,22 @@ class Scheduler:
             else:
                 token, prob, top = sampler.sample(row), 0.0, []
             sampler.accept(token)
-        except GrammarStopError as e:  # the grammar's text is complete (or can go no further)
-            self._finish(s, StopReason.EOS) if e.complete else self.fail(s, f"grammar: {e}")
-            return
-        except GrammarError as e:
-            self.fail(s, f"grammar: {e}")
+        except (GrammarStopError, GrammarError) as e:  # the text is complete (a stop) or the grammar failed
+            complete = isinstance(e, GrammarStopError) and e.complete
+            self._finish(s, StopReason.EOS) if complete else self.fail(s, f"grammar: {e}")
             return
         s.n_generated += 1
+        timings = self._timings(s, time.perf_counter()) if req.timings_per_token else None
         if self.tokenizer.is_eog(token) and not req.sampling.ignore_eos:
-            # as llama-server: the end-of-generation token is an event of its own (its id, probabilities and
-            # any text held back for a possible stop string; its special piece only with `-sp`), then the end
+            # an event of its own (as llama-server): held-back text, the special piece only with `-sp`
             text = s.held + (s.detok.feed(token) if req.special else "")  # type: ignore[attr-defined]
             s.held = ""
-            timings = self._timings(s, time.perf_counter()) if req.timings_per_token else None
             s.emit(TokenEvent(token, text, prob, top, timings))
             self._finish(s, StopReason.EOS)
             return
         preserved = token in req.sampling.preserved_tokens  # a special token whose text is output
         text = s.held + s.detok.feed(token, True if preserved else None)  # type: ignore[attr-defined]
-        emit_text, held, stop_word = _split_stop(text, req.stop)
-        s.held = held
-        timings = self._timings(s, time.perf_counter()) if req.timings_per_token else None
+        emit_text, s.held, stop_word = _split_stop(text, req.stop)
         s.emit(TokenEvent(token, emit_text, prob, top, timings))
         if stop_word:
             self._finish(s, StopReason.STOP_WORD, stop_word)
