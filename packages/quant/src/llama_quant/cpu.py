@@ -7,6 +7,7 @@ down to the kernels: every set the host can run is then reachable on it, so each
 from __future__ import annotations
 
 import enum
+import functools
 import os
 
 import numba
@@ -24,8 +25,14 @@ def cpu_has(*names: str) -> bool:
         listed = str(features).split(",")
         return all(f"+{name}" in listed for name in names)
     cpu = getattr(numba.config, "CPU_NAME", None)
-    host = llvm.get_host_cpu_features()
+    host = _host_features()
     return bool(cpu in (None, "host") and all(host.get(name) for name in names))
+
+
+@functools.cache
+def _host_features() -> dict[str, bool]:
+    """The host CPU's features (asked of LLVM once: each query takes ~0.3 ms, and a load asks hundreds)."""
+    return dict(llvm.get_host_cpu_features())
 
 
 class KernelSet(enum.IntEnum):

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import mmap
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -146,11 +148,14 @@ class DecoderModel:
         self.tok_embd_type = gguf.tensors["token_embd.weight"].ggml_type
         self._tok_embd_raw = gguf.tensor_bytes("token_embd.weight")
         self._tok_row_bytes = self._tok_embd_raw.nbytes // self.config.n_vocab
-        self.layers = [self.load_layer(il) for il in range(self.config.n_layer)]
+        # repacking the weights is numpy copies and gathers, which release the GIL: one thread per core
+        with ThreadPoolExecutor(min(os.cpu_count() or 1, 8), thread_name_prefix="llama-load") as pool:
+            output = pool.submit(lambda: self.matrix("output.weight") or self.matrix("token_embd.weight"))
+            self.layers = list(pool.map(self.load_layer, range(self.config.n_layer)))
+            tied = output.result()  # token_embd when there is no output matrix
+        assert tied is not None
+        self.output: ExactMatrix = tied
         self.output_norm = self.vec("output_norm.weight")
-        output = self.matrix("output.weight") or self.matrix("token_embd.weight")  # tied when absent
-        assert output is not None
-        self.output: ExactMatrix = output
         self._rope: dict[tuple[float, bool], np.ndarray] = {}  # by (base, sliding-window layer)
         self._scales = np.float32(self.q_scale()), np.float32(self.kq_scale())
         self._ws: Workspace | None = None

@@ -44,11 +44,20 @@ def q8_quad_layout(qs: np.ndarray, nb: int) -> np.ndarray:
     ((((b * 8 + k) * 4 + c) * 16 + r) * 4 + i) = value ``(2k, 2k + 16, 2k + 1, 2k + 17)[i]`` of block b of
     row 16 c + r, plus 128."""
     g = qs.shape[0]
-    order = np.array([[2 * k, 2 * k + 16, 2 * k + 1, 2 * k + 17] for k in range(8)])
-    t = qs.reshape(g, nb, 32, 4, 16)[:, :, order]  # [G, nb, k, i, c, r]
     out = _aligned((g, nb * 2048))
-    out.reshape(g, nb, 8, 4, 16, 4)[:] = t.transpose(0, 1, 2, 4, 5, 3).view(np.uint8) ^ np.uint8(128)
+    # one gather per block of 64 rows: a fixed permutation of its 2048 bytes
+    np.take(qs.view(np.uint8).reshape(-1, 2048), _QUAD_ORDER, axis=1, out=out.reshape(-1, 2048))
+    np.bitwise_xor(out, np.uint8(128), out=out)
     return out
+
+
+# source byte of each byte of a Q8_0 quad block: [v, c, r] (value-major) -> [k, c, r, i]
+_QUAD_ORDER = (
+    np.arange(2048)
+    .reshape(32, 4, 16)[np.array([[2 * k, 2 * k + 16, 2 * k + 1, 2 * k + 17] for k in range(8)])]
+    .transpose(0, 2, 3, 1)
+    .reshape(-1)
+)
 
 
 def _aligned(shape: tuple[int, int]) -> np.ndarray:
