@@ -84,13 +84,19 @@ def _forward(engine: Engine, n_tokens: int) -> None:
 
 def warm_sampling(n_vocab: int, chains: tuple[SamplingParams, ...] = DEFAULT_CHAINS) -> None:
     """Run each sampler chain on a row of ``n_vocab`` logits as a request does: the prompt through
-    ``accept_many``, then sample and accept twice."""
+    ``accept_many``, then sample and accept twice; then the first chain with probabilities."""
     logits = np.linspace(-3.0, 3.0, n_vocab, dtype=np.float32)
     for params in chains:
         smpl = Sampler(msgspec.structs.replace(params, seed=1), n_vocab)
         smpl.accept_many([1, 2, 3, 1, 2, 3])
         for _ in range(2):
             smpl.accept(smpl.sample(logits))
+    # a request's `n_probs`, over the raw logits and after the chain: loaded on a first use, these kernels
+    # would stall every stream of that step (~70 ms)
+    for params in chains[:1]:
+        smpl = Sampler(msgspec.structs.replace(params, seed=1), n_vocab)
+        smpl.sample_with_probs(logits, 2)
+        smpl.sample_with_probs(logits, 2, post_sampling=True)
 
 
 def _jobs(engine: Engine, sampling: tuple[SamplingParams, ...]) -> list[CompileJob]:
