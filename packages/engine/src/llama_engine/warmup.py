@@ -93,8 +93,8 @@ def warm_sampling(n_vocab: int, chains: tuple[SamplingParams, ...] = DEFAULT_CHA
             smpl.accept(smpl.sample(logits))
     # a request's `n_probs`, over the raw logits and after the chain: loaded on a first use, these kernels
     # would stall every stream of that step (~70 ms)
-    for params in chains[:1]:
-        smpl = Sampler(msgspec.structs.replace(params, seed=1), n_vocab)
+    if chains:
+        smpl = Sampler(msgspec.structs.replace(chains[0], seed=1), n_vocab)
         smpl.sample_with_probs(logits, 2)
         smpl.sample_with_probs(logits, 2, post_sampling=True)
 

@@ -118,7 +118,7 @@ class McpHub:
         async with server.lock:
             try:
                 # spawning and the handshake get the warm-up bound; `timeout_ms` is for the call itself
-                await server.connect(max(timeout, WARMUP_TIMEOUT))
+                session = await server.connect(max(timeout, WARMUP_TIMEOUT))
             except ServerUnavailable:
                 return {"error": f"MCP server unavailable: {server.spec.name}"}
             except TimeoutError:
@@ -127,7 +127,7 @@ class McpHub:
                 return {"error": f"initialize failed: {e.__cause__}"}
             except Exception as e:
                 return {"error": f"initialize failed: {e}"}
-            return await server.call(tool.name, args, timeout)
+            return await server.call(session, tool.name, args, timeout)
 
     async def shutdown(self) -> None:
         """Stop every child (calls in flight are ended by the caller first, see ToolsService)."""

@@ -115,12 +115,13 @@ class McpServer:
         except Exception as e:  # the child's failure was already reported to the caller
             log.debug("MCP server %s closed with %s", self.spec.name, e)
 
-    async def call(self, name: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """`tools/call` on the live session (the caller holds the lock and has connected)."""
-        assert self.session is not None
+    async def call(
+        self, session: ClientSession, name: str, args: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        """`tools/call` on ``session``, the one `connect` returned (the caller holds the lock)."""
         child = self.child
         try:
-            result = await asyncio.wait_for(self.session.call_tool(name, args), timeout)
+            result = await asyncio.wait_for(session.call_tool(name, args), timeout)
         except TimeoutError:
             return {"error": "request timed out"}
         except MCPError as e:
