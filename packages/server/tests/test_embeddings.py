@@ -38,3 +38,27 @@ def test_errors(client):
     assert_error(client.post("/v1/embeddings", json={"input": True}), 400)
     assert_error(client.post("/v1/embeddings", json={"input": "x", "encoding_format": "hex"}), 400)
     assert_error(client.post("/v1/embeddings", json={}), 400)
+
+
+def test_bodies_are_encoded_vector_by_vector_as_one_encode_would():
+    """The bodies are built off the event loop a vector at a time (so the worker never holds the GIL for
+    long); the bytes are those of encoding the whole body at once: per-token rows (pooling none), pooled
+    vectors, and non-finite values as null."""
+    import msgspec
+    import numpy as np
+    from llama_engine import Pooling
+    from llama_server.controllers.embeddings import _native_items, _openai_item
+    from llama_server.sse import encode
+
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((5, 7)).astype(np.float32)
+    rows[1, 2], rows[3, 0] = np.nan, np.inf
+    pooled = rng.standard_normal(7).astype(np.float32)
+    assert encode(_native_items([rows], Pooling.NONE)) == encode([{"index": 0, "embedding": rows.tolist()}])
+    assert encode(_native_items([pooled, pooled], Pooling.MEAN)) == encode(
+        [{"index": i, "embedding": [pooled.tolist()]} for i in range(2)]
+    )
+    assert encode(_openai_item(3, pooled, "float")) == encode(
+        {"embedding": pooled.tolist(), "index": 3, "object": "embedding"}
+    )
+    assert msgspec.json.decode(encode(_native_items([rows], Pooling.NONE)))[0]["embedding"][1][2] is None

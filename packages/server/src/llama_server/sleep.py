@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from .state import ServerState
+from .state import ServerState, release_heap
 
 __all__ = ["SleepGate", "sleep_gate"]
 
@@ -136,6 +136,7 @@ class SleepGate:
             st.engine = None
             await asyncio.to_thread(engine.shutdown)
             del engine
+            release_heap()  # the frozen model's objects (settle_heap) become collectable again
             gc.collect()
             log.info("sleeping after %.0f s idle: model released", self.idle)
             self.phase = "asleep"

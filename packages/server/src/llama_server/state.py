@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import os
@@ -26,7 +27,15 @@ from .prompts import max_piece_chars
 from .resumable import SessionStore
 from .template import ChatTemplate
 
-__all__ = ["DRAIN_MESSAGE", "TEXT_WORKERS", "Metrics", "ServerState", "SlotRecord"]
+__all__ = [
+    "DRAIN_MESSAGE",
+    "TEXT_WORKERS",
+    "Metrics",
+    "ServerState",
+    "SlotRecord",
+    "release_heap",
+    "settle_heap",
+]
 
 log = logging.getLogger("llama_server")
 
@@ -163,6 +172,7 @@ class ServerState:
 
     def _load(self) -> None:
         cfg = self.config
+        gc.disable()  # loading makes long-lived objects only: full collections would walk them for nothing
         try:
             t0 = time.perf_counter()
             engine = Engine(
@@ -195,11 +205,13 @@ class ServerState:
             self.engine = engine
             self.ready.set()
             log.info("model loaded in %.1f s", time.perf_counter() - t0)
+            settle_heap()
             print(
                 f"main: server is listening on http://{cfg.host}:{cfg.port} - starting the main loop",
                 flush=True,
             )
         except Exception as e:
+            gc.enable()
             self.load_error = f"{type(e).__name__}: {e}"
             log.error("failed to load the model: %s", self.load_error)
             if self.exit_on_load_error:  # the command line: a server that cannot load its model is useless
@@ -248,3 +260,20 @@ def _ftype_name(ft: int | None) -> str:
     except ValueError:
         return f"ftype {ft}"
     return "F32" if name == "ALL_F32" else name
+
+
+def settle_heap() -> None:
+    """Collect what loading left behind, freeze the rest (the model's tables, the tokenizer's vocabulary,
+    the compiled kernels' objects) out of the garbage collector's view, and turn collection back on (`_load`
+    turns it off: each full collection during a load walked every object made so far, ~0.1 s of a start).
+    Without the freeze, a full collection walks those few hundred thousand long-lived objects while holding
+    the GIL: a 60-120 ms pause of the event loop and every stream, set off at random by some request's
+    allocations. `release_heap` undoes it before a model is let go."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
+
+
+def release_heap() -> None:
+    """Let the collector see the frozen objects again (a model being released must be collectable)."""
+    gc.unfreeze()

@@ -6,6 +6,7 @@ import asyncio
 import base64
 from typing import Any
 
+import msgspec
 import numpy as np
 from litestar import Controller, Request, Response, post
 from litestar.params import JSONBody
@@ -18,8 +19,9 @@ from ..errors import ApiError
 from ..pooling import server_pooling
 from ..prompts import tokenize_request
 from ..schemas import EmbeddingBody
+from ..sse import encode
 from ..state import ServerState
-from ._common import SharedState, json_response, unless_disconnected
+from ._common import SharedState, json_response_off_loop, unless_disconnected
 
 __all__ = ["EmbeddingsController"]
 
@@ -103,9 +105,10 @@ class EmbeddingsController(Controller):
         if server.config.embeddings and server_pooling(server) == Pooling.NONE:
             raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
         vectors, n_tokens, _ = await self._embed(request, server, data, "input")
-        return json_response(
-            {
-                "model": data.model or server.model_name,
+        model = data.model or server.model_name
+        return await json_response_off_loop(
+            lambda: {
+                "model": model,
                 "object": "list",
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
                 "data": [_openai_item(i, v, fmt) for i, v in enumerate(vectors)],
@@ -119,15 +122,25 @@ class EmbeddingsController(Controller):
     async def _native(self, request: Request, st: ServerState, body: EmbeddingBody) -> Response:
         field = "content" if body.input is None else "input"
         vectors, _, pooling = await self._embed(request, st, body, field)
-        out = []
-        for i, v in enumerate(vectors):
-            rows = v.tolist() if pooling == Pooling.NONE else [v.tolist()]
-            out.append({"index": i, "embedding": rows})
-        return json_response(out)
+        return await json_response_off_loop(lambda: _native_items(vectors, pooling))
+
+
+def _native_items(vectors: list[np.ndarray], pooling: Pooling) -> list[dict[str, Any]]:
+    """The native body: per input, every token's vector (pooling none) or the one pooled vector."""
+    return [
+        {"index": i, "embedding": [_vector(r) for r in v] if pooling == Pooling.NONE else [_vector(v)]}
+        for i, v in enumerate(vectors)
+    ]
+
+
+def _vector(v: np.ndarray) -> msgspec.Raw:
+    """One vector's JSON, encoded on its own: a body of many vectors is built in many short calls, each
+    holding the GIL for tens of microseconds, so the event loop keeps running beside the worker thread."""
+    return msgspec.Raw(encode(v.tolist()))
 
 
 def _openai_item(index: int, v: np.ndarray, fmt: str) -> dict[str, Any]:
     if fmt == "base64":
         b64 = base64.b64encode(v.astype("<f4").tobytes()).decode()
         return {"embedding": b64, "index": index, "object": "embedding", "encoding_format": "base64"}
-    return {"embedding": v.tolist(), "index": index, "object": "embedding"}
+    return {"embedding": _vector(v), "index": index, "object": "embedding"}
