@@ -166,6 +166,7 @@ class Stream:
     status: int = 0
     ending: str = "cut"
     ended: float = 0.0
+    error: str = ""  # the transport error that cut it, if one did
 
     @property
     def ttft(self) -> float:
@@ -198,7 +199,7 @@ def stream_completion(client: httpx.Client, body: dict, stop: threading.Event | 
                     s.ending = "final"
                 else:
                     s.token_times.append(time.monotonic())
-    except httpx.TransportError:
-        pass
+    except httpx.TransportError as e:
+        s.error = f"{type(e).__name__}: {e}"
     s.ended = time.monotonic()
     return s

@@ -93,7 +93,8 @@ def _http_round(clients: list[httpx.Client], n: int, n_predict: int) -> tuple[fl
     wall = time.monotonic() - t0
     done = [s for s in streams if s is not None]
     if any(s.status != 200 or len(s.token_times) != n_predict for s in done):
-        raise SystemExit(f"a stream did not get {n_predict} tokens: {[len(s.token_times) for s in done]}")
+        seen = [(len(s.token_times), s.status, s.ending, s.error) for s in done]
+        raise SystemExit(f"a stream did not get {n_predict} tokens (tokens, status, ending, error): {seen}")
     return wall, sum(len(s.token_times) for s in done), [s.ttft for s in done]
 
 

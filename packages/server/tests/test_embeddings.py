@@ -46,6 +46,7 @@ def test_bodies_are_encoded_vector_by_vector_as_one_encode_would():
     vectors, and non-finite values as null."""
     import msgspec
     import numpy as np
+
     from llama_engine import Pooling
     from llama_server.controllers.embeddings import _native_items, _openai_item
     from llama_server.sse import encode
