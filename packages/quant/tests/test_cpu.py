@@ -12,7 +12,7 @@ def test_host_kernel_set_matches_the_features() -> None:
     host = llvm.get_host_cpu_features()
     has = lambda *names: all(host.get(n) for n in names)  # noqa: E731
     expected = KernelSet.PORTABLE
-    if has("avx2", "f16c"):
+    if has("avx2", "f16c", "fma"):
         expected = KernelSet.AVX2
         if has("avx512f", "avx512bw", "avx512vl", "avx512vnni"):
             expected = KernelSet.AVX512
@@ -49,7 +49,7 @@ def test_a_set_the_host_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     # an explicit numba target without AVX-512 makes the AVX-512 set unavailable on any x86 host
     import numba
 
-    monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx2,+f16c", raising=False)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx2,+f16c,+fma", raising=False)
     assert host_kernel_set() is KernelSet.AVX2
     with pytest.raises(ValueError, match=r"avx512 needs CPU features avx512f, avx512bw.*runs up to avx2"):
         resolve_kernel_set("avx512")

@@ -77,6 +77,27 @@ def test_f16_round_matches_numpy() -> None:
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_f16_activations_of_any_bits_match_numpy() -> None:
+    """``quantize_f16``'s bit arithmetic against numpy's conversion over random f32 bit patterns (every
+    exponent: subnormals, fp16's normal and overflow edges, inf, nan) and each rounding boundary."""
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32)
+    edges = np.array(
+        [0x38800000, 0x387FFFFF, 0x33000000, 0x33000001, 0x477FEFFF, 0x477FF000, 0x7F800000], np.uint32
+    )
+    bits = np.concatenate(
+        [bits, edges, edges | np.uint32(0x80000000), np.arange(0x3F800000, 0x3F804000 - 14, dtype=np.uint32)]
+    )
+    x = bits.view(np.float32).reshape(-1, 64)
+    got = np.zeros_like(x)
+    act.quantize_f16(got, x, x.shape[0], 64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
 @pytest.mark.parametrize("kernels", KERNEL_SETS, ids=_ids)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["normal", "outliers", "zeros", "ties"])
@@ -174,7 +195,7 @@ def test_a_kernel_set_the_host_lacks_is_refused(monkeypatch: pytest.MonkeyPatch)
     import numba
 
     monkeypatch.setattr(numba.config, "CPU_FEATURES", "+sse2", raising=False)  # a target without AVX2
-    with pytest.raises(ValueError, match="kernel set avx2 needs CPU features avx2, f16c"):
+    with pytest.raises(ValueError, match="kernel set avx2 needs CPU features avx2, f16c, fma"):
         ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32, KernelSet.AVX2)
     assert ExactMatrix(np.zeros(4 * 18, np.uint8), T.Q4_0, 4, 32).kernels is KernelSet.PORTABLE
 
@@ -188,11 +209,11 @@ def test_the_environment_variable_chooses_the_kernel_set(monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("kernels", KERNEL_SETS, ids=_ids)
 @pytest.mark.parametrize(
-    "qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name
+    "qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name
 )
 def test_many_token_path_equals_one_token_products(qtype: T, kernels: KernelSet) -> None:
     """Batches of these types change kernels with the token count (``pairs``' Q5 unpacking, ``quads`` from
-    ``QUAD_TOKENS``, activations rearranged on all threads from 16): the same numbers as the reference and
+    ``QUAD_TOKENS``, activations rearranged on all threads from 16, ``halves``' passes of four tokens): the same numbers as the reference and
     as one matvec per token, with a partial last tile and extreme activations."""
     rows, cols = 200, 512
     raw = weights(qtype, rows, cols, seed=3)
@@ -261,7 +282,7 @@ from llama_quant.cpu import KernelSet, host_kernel_set
 from llama_quant.kernels import ExactMatrix, ref
 
 assert host_kernel_set() is KernelSet.AVX2, "not an AVX2-only target"
-for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
+for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F16):
     rows, cols = 70, 512
     raw = weights(qtype, rows, cols, seed=int(qtype))
     m = ExactMatrix(raw, qtype, rows, cols)
@@ -289,7 +310,7 @@ def test_byte_pair_kernels_on_an_avx2_only_target() -> None:
     import llvmlite.binding as llvm
 
     host = llvm.get_host_cpu_features()
-    if not (host.get("avx2") and host.get("f16c")):
+    if not (host.get("avx2") and host.get("f16c") and host.get("fma")):
         pytest.skip("this CPU cannot run AVX2 code")
     features = ",".join(f"+{f}" for f in _AVX2_FEATURES if host.get(f))
     env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": features}

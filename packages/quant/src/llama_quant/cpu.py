@@ -39,14 +39,14 @@ class KernelSet(enum.IntEnum):
     """The kernels a matrix runs; each set needs the CPU features of the ones below it and its own."""
 
     PORTABLE = 0  # plain loops LLVM vectorizes for any target (``blocks32``, ``kquants``, ``floats``)
-    AVX2 = 1  # byte-pair multiply-adds on 256-bit vectors (``pairs``, 256-bit K-type lanes)
+    AVX2 = 1  # byte-pair multiply-adds on 256-bit vectors (``pairs``, 256-bit K-type lanes), F16 ``halves``
     AVX512 = 2  # VNNI 4-byte dot products (``quads``) and 512-bit K-type lanes
 
 
 # LLVM feature names each set needs beyond the sets below it
 _NEEDS: dict[KernelSet, tuple[str, ...]] = {
     KernelSet.PORTABLE: (),
-    KernelSet.AVX2: ("avx2", "f16c"),
+    KernelSet.AVX2: ("avx2", "f16c", "fma"),
     KernelSet.AVX512: ("avx512f", "avx512bw", "avx512vl", "avx512vnni"),
 }
 

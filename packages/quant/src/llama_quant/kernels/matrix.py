@@ -10,8 +10,8 @@ Q5_0, Q5_1 and Q8_0 through ``pairs`` and Q4_K and Q6_K through ``klanes``' 256-
 count (byte-pair multiply-adds on tiles stored at load in the order those kernels read: other integer
 arithmetic, the same sums, the same float steps); AVX512 runs Q8_0 through ``quads`` (VNNI 4-byte dot
 products) for every token count, Q4_0, Q4_1, Q5_0 and Q5_1 from ``quads.QUAD_TOKENS`` tokens on, and the
-K types' lanes on 512-bit vectors. The i-quants and ternary types run ``iquants``' layouts in every set
-(IQ4_NL widened to Q8_0 rows, with the set's Q8_0 kernels).
+K types' lanes on 512-bit vectors; both keep F16 in fp16 for ``halves``. The i-quants and ternary
+types run ``iquants``' layouts in every set (IQ4_NL widened to Q8_0 rows, with the set's Q8_0 kernels).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from ..cpu import KernelSet, resolve_kernel_set
-from . import act, blocks32, floats, iquants, klanes, kquants, pairs, quads
+from . import act, blocks32, floats, halves, iquants, klanes, kquants, pairs, quads
 from ._ir import f16_scales
 from .ref import vec_dot_type
 
@@ -242,7 +242,11 @@ def _k(qtype: T, bb: int, ks: KernelSet) -> _Spec:
     return _Spec(256, bb, "q8k", pk, run)
 
 
-def _f(qtype: T, bb: int, fmt: str) -> _Spec:
+def _f(qtype: T, bb: int, fmt: str, ks: KernelSet) -> _Spec:
+    """F16, BF16, F32: ``floats``' f32 tiles; from AVX2 on, F16 stays fp16 for ``halves.mm_f16``."""
+    if qtype == T.F16 and ks is not KernelSet.PORTABLE:
+        run = lambda a, o, x, n, r, nb: halves.mm_f16(o, a[0], x[0], n, r, nb)  # noqa: E731
+        return _Spec(1, bb, fmt, halves.pack_f16, run)
     return _Spec(
         1,
         bb,
@@ -265,9 +269,9 @@ def _specs(ks: KernelSet) -> dict[T, _Spec]:
         T.Q4_K: _k(T.Q4_K, 144, ks),
         T.Q5_K: _k(T.Q5_K, 176, ks),
         T.Q6_K: _k(T.Q6_K, 210, ks),
-        T.F16: _f(T.F16, 2, "f16"),
-        T.BF16: _f(T.BF16, 2, "bf16"),
-        T.F32: _f(T.F32, 4, "f32"),
+        T.F16: _f(T.F16, 2, "f16", ks),
+        T.BF16: _f(T.BF16, 2, "bf16", ks),
+        T.F32: _f(T.F32, 4, "f32", ks),
         T.IQ4_NL: _q8("IQ4_NL", ks),
         **{q: _iq(q) for q in (T.MXFP4, T.IQ4_XS, *iquants.GRID_KINDS)},
     }
@@ -299,7 +303,7 @@ class ExactMatrix:
     ``raw`` is the tensor's bytes in ggml's layout (``rows`` rows of ``cols / block`` blocks; a zero-copy view
     of the GGUF mmap is fine). It is repacked at construction into tiles of 64 rows and not referenced
     afterwards (Q4_*, Q5_*, Q8_0 and Q4_K keep about the raw size; Q5_0 stacked with Q8_0, or portable, is
-    widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, F16/BF16 to f32;
+    widened to Q8_0, Q6_K keeps 6 bits a value, Q2_K/Q3_K/Q5_K widen quants to int8, BF16 (and F16 in the portable set) to f32;
     IQ4_NL and MXFP4 widen to Q8_0, IQ4_XS, TQ1_0, TQ2_0 and the grid i-quants to int8 values).
 
     ``kernels`` is the kernel set whose layouts and kernels the matrix takes (``llama_quant.cpu``); None:

@@ -1,0 +1,133 @@
+"""F16 weights kept in fp16, their products accumulated in registers: the AVX2 and AVX-512 sets' F16 kernel.
+
+The numbers are ``floats.mv_float``'s (ggml's scalar ``ggml_vec_dot_f16``): for each output, the products
+of the fp16 weight and the fp16-rounded activation added in index order to an f64 sum that starts at 0,
+the sum rounded to f32. Two fp16 values have 11-bit significands and exponents well inside f32's and f64's
+ranges, so their product is exact in f32 (22 bits) and equally exact in f64. A fused multiply-add in f64
+rounds ``sum + w * x`` once, and with an exact product that is the very f64 addition ggml makes of its
+widened f32 product: the same additions in the same order (hence the AVX2 set's need of FMA).
+
+What changes is the work around them. The weights stay fp16 in the tiles (``_tiles``: element i of row r at
+``i * 64 + r``), half the bytes of f32 tiles, widened as they are read; the f64 sums of a pass live in
+registers for the whole row (an intrinsic whose loop over the columns carries its accumulators, which
+numba's loops over a heap array cannot); and a pass takes four tokens against half a tile (or two against
+a whole one), so a verified draft or a prompt reads each weight once for several tokens.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import float64, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ._tiles import N_CHUNKS, TILE_ROWS, row_minor, tile_rows
+
+__all__ = ["mm_f16", "pack_f16"]
+
+_F64 = ir.DoubleType()
+_V8D, _V8H, _V8F = ir.VectorType(_F64, 8), ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.FloatType(), 8)
+_BLOCK = 4  # tokens of a pass against half a tile (what is left: two, then one, against a whole tile)
+
+
+def pack_f16(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
+    """Raw F16 rows [rows, row_bytes] uint8 -> (w [G, cols * 64] uint16: fp16 bits, row-minor tiles,)."""
+    w = np.ascontiguousarray(raw).reshape(-1).view(np.uint16).reshape(rows, cols)
+    return (row_minor(tile_rows(w, rows)),)
+
+
+def _fma(builder):  # type: ignore[no-untyped-def]
+    """LLVM's fused multiply-add of 8 x f64 (one ``vfmadd`` with FMA; always rounded once)."""
+    module = builder.module
+    name = "llvm.fma.v8f64"
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(_V8D, [_V8D] * 3), name)
+
+
+def _pass(lanes: int, tokens: int):  # type: ignore[no-untyped-def]
+    """An intrinsic ``(res, w, roff, x, xoff, cols)``: for ``tokens`` tokens (x f64, token t's values at
+    ``x[xoff + t * cols:]``) and the ``lanes`` rows of the tile ``w`` from row ``roff``, the f64 sums over
+    the ``cols`` columns in index order, rounded to f32 into ``res[t * lanes + r]``."""
+    groups = lanes // 8
+
+    @intrinsic
+    def run(typingctx, res, w, roff, x, xoff, cols):  # type: ignore[no-untyped-def]
+        sig = types.void(res, w, types.intp, x, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 3)]
+            res_p, w_p, x_p = (a.data for a in arrays)
+            roff, xoff, cols = args[2], args[4], args[5]
+            zero = ir.Constant(_V8D, [0.0] * 8)
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(tokens * groups)]
+            lane0 = ir.Constant(ir.IntType(32), 0)
+            spread = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
+            with cgutils.for_range(builder, cols) as loop:
+                i = loop.index
+                base = builder.add(builder.mul(i, ir.Constant(i.type, TILE_ROWS)), roff)
+                ws = []
+                for g in range(groups):
+                    at = builder.gep(w_p, [builder.add(base, ir.Constant(i.type, 8 * g))])
+                    half = builder.load(builder.bitcast(at, _V8H.as_pointer()), align=2)
+                    ws.append(builder.fpext(half, _V8D))
+                for t in range(tokens):
+                    xo = builder.add(builder.add(xoff, i), builder.mul(cols, ir.Constant(i.type, t)))
+                    xi = builder.load(builder.gep(x_p, [xo]))
+                    one = builder.insert_element(ir.Constant(_V8D, ir.Undefined), xi, lane0)
+                    xb = builder.shuffle_vector(one, ir.Constant(_V8D, ir.Undefined), spread)
+                    for g in range(groups):
+                        acc = accs[t * groups + g]
+                        # the product is exact (module doc), so this is ggml's widened f32 product
+                        builder.store(builder.call(_fma(builder), [ws[g], xb, builder.load(acc)]), acc)
+            for t in range(tokens):
+                for g in range(groups):
+                    at = builder.gep(res_p, [ir.Constant(ir.IntType(64), t * lanes + 8 * g)])
+                    val = builder.fptrunc(builder.load(accs[t * groups + g]), _V8F)
+                    builder.store(val, builder.bitcast(at, _V8F.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return run
+
+
+_tile1 = _pass(TILE_ROWS, 1)
+_tile2 = _pass(TILE_ROWS, 2)
+_half4 = _pass(TILE_ROWS // 2, _BLOCK)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def mm_f16(out, w, x, n, rows, cols):  # pragma: no cover - numba
+    """out[n, rows] = x[n, cols] @ W.T for W in fp16 tiles (``pack_f16``), x already rounded to fp16."""
+    G = w.shape[0]
+    x64 = np.empty(n * cols, np.float64)
+    for t in range(n):
+        for i in range(cols):
+            x64[t * cols + i] = float64(x[t, i])
+    half = TILE_ROWS // 2
+    for c in prange(N_CHUNKS):
+        res = np.empty(_BLOCK * TILE_ROWS, np.float32)
+        for g in range(G * c // N_CHUNKS, G * (c + 1) // N_CHUNKS):
+            wg = w[g]
+            r0 = g * TILE_ROWS
+            m = min(TILE_ROWS, rows - r0)
+            t = 0
+            while t + _BLOCK <= n:
+                for h in range(2):
+                    _half4(res, wg, h * half, x64, t * cols, cols)
+                    for b in range(_BLOCK):
+                        for k in range(max(0, min(half, m - h * half))):
+                            out[t + b, r0 + h * half + k] = res[b * half + k]
+                t += _BLOCK
+            while t + 2 <= n:
+                _tile2(res, wg, 0, x64, t * cols, cols)
+                for b in range(2):
+                    for k in range(m):
+                        out[t + b, r0 + k] = res[b * TILE_ROWS + k]
+                t += 2
+            while t < n:
+                _tile1(res, wg, 0, x64, t * cols, cols)
+                for k in range(m):
+                    out[t, r0 + k] = res[k]
+                t += 1
