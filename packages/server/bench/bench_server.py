@@ -82,7 +82,12 @@ def _http_round(clients: list[httpx.Client], n: int, n_predict: int) -> tuple[fl
     streams: list[Stream | None] = [None] * n
 
     def one(i: int) -> None:
-        streams[i] = stream_completion(clients[i], _body(i, n_predict))
+        s = stream_completion(clients[i], _body(i, n_predict))
+        if s.status == 0 and not s.token_times and "RemoteProtocolError" in s.error:
+            # the request went out on a kept-alive connection the server closed as it sat idle (llama.cpp's
+            # HTTP library closes them after 5 s): no response at all, so it is sent again on a new one
+            s = stream_completion(clients[i], _body(i, n_predict))
+        streams[i] = s
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     t0 = time.monotonic()
