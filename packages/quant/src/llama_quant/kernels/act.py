@@ -71,20 +71,6 @@ def f16_round(v):  # pragma: no cover - numba
     return float32(math.copysign(r, float64(v)))
 
 
-@numba.njit(cache=True, nogil=True)
-def bf16_round(v):  # pragma: no cover - numba
-    """The f32 value of ``bf16(v)`` (ggml_compute_fp32_to_bf16: round to nearest even, nan kept quiet)."""
-    u = np.empty(1, np.float32)
-    u[0] = v
-    w = u.view(np.uint32)
-    b = w[0]
-    if (b & uint32(0x7FFFFFFF)) > uint32(0x7F800000):
-        w[0] = (b | uint32(0x00400000)) & uint32(0xFFFF0000)
-    else:
-        w[0] = ((b + (uint32(0x7FFF) + ((b >> uint32(16)) & uint32(1)))) >> uint32(16)) << uint32(16)
-    return u[0]
-
-
 @numba.njit(cache=True, nogil=True, inline="always")
 def _roundf_lanes(v):  # pragma: no cover - numba
     """``_roundf`` without branches, so a loop of it vectorizes: for |v| < 2**31, ``floor(|v| + 0.5)`` in
@@ -215,8 +201,8 @@ def quantize_f16(xh, x, n, cols):  # pragma: no cover - numba
 
 @numba.njit(cache=True, nogil=True)
 def quantize_bf16(xh, x, n, cols):  # pragma: no cover - numba
-    """xh[n, cols] f32 = bf16(x) (round to nearest even), the BF16 vec_dot type: ``bf16_round`` on the
-    f32 bits of whole rows."""
+    """xh[n, cols] f32 = bf16(x) (ggml_compute_fp32_to_bf16 on the f32 bits: round to nearest even, nan
+    kept quiet), the BF16 vec_dot type."""
     xb, hb = x.view(np.uint32), xh.view(np.uint32)
     for t in range(uint64(n)):
         for i in range(uint64(cols)):

@@ -97,6 +97,15 @@ _tile2 = _pass(TILE_ROWS, 2)
 _half4 = _pass(TILE_ROWS // 2, _BLOCK)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _put(out, res, t, tokens, lanes, r0, m):  # pragma: no cover - numba
+    """A pass's results (``res[b * lanes + k]``) into ``out[t + b, r0 + k]``, for the first ``m`` of its
+    ``lanes`` rows (the last tile's padding rows are dropped; m <= 0: none)."""
+    for b in range(tokens):
+        for k in range(max(0, min(lanes, m))):
+            out[t + b, r0 + k] = res[b * lanes + k]
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
 def mm_f16(out, w, x, n, rows, cols):  # pragma: no cover - numba
     """out[n, rows] = x[n, cols] @ W.T for W in fp16 tiles (``pack_f16``), x already rounded to fp16."""
@@ -116,18 +125,13 @@ def mm_f16(out, w, x, n, rows, cols):  # pragma: no cover - numba
             while t + _BLOCK <= n:
                 for h in range(2):
                     _half4(res, wg, h * half, x64, t * cols, cols)
-                    for b in range(_BLOCK):
-                        for k in range(max(0, min(half, m - h * half))):
-                            out[t + b, r0 + h * half + k] = res[b * half + k]
+                    _put(out, res, t, _BLOCK, half, r0 + h * half, m - h * half)
                 t += _BLOCK
             while t + 2 <= n:
                 _tile2(res, wg, 0, x64, t * cols, cols)
-                for b in range(2):
-                    for k in range(m):
-                        out[t + b, r0 + k] = res[b * TILE_ROWS + k]
+                _put(out, res, t, 2, TILE_ROWS, r0, m)
                 t += 2
             while t < n:
                 _tile1(res, wg, 0, x64, t * cols, cols)
-                for k in range(m):
-                    out[t, r0 + k] = res[k]
+                _put(out, res, t, 1, TILE_ROWS, r0, m)
                 t += 1
