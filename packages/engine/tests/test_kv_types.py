@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 import tiny_models
@@ -20,7 +21,7 @@ from llama_engine.kv_types import (
     resolve_flash_attn,
     rotation_sizes,
 )
-from llama_engine.ops import attention, attention_typed
+from llama_engine.ops import attention, attention_typed, kv_dots
 from llama_engine.ops import flash_attn as fa
 from llama_engine.requests import FinalEvent, TokenEvent
 from llama_quant.kernels import ref
@@ -107,6 +108,58 @@ def test_block_dots_are_llama_quants_vec_dot(name: str) -> None:
         expect = np.zeros(5, np.float32)
         ref.matvec(expect, head, t.qtype, 5, head_dim, q[0, h * head_dim : (h + 1) * head_dim])
         assert np.array_equal(np.array(got, np.float32), expect)
+
+
+def test_iq4_nl_levels_are_the_table() -> None:
+    from llama_quant.formats.iq4 import KVALUES_IQ4NL
+
+    got = [kv_dots.iq4nl_level.py_func(np.int32(q)) for q in range(16)]
+    assert got == [int(v) for v in KVALUES_IQ4NL]
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_cell_kernels_are_ggmls_vec_dot_and_to_float(name: str) -> None:
+    """The kernels flash attention runs per run of cells: ``block_scores`` (each block's integer sum
+    decoded from the row's bytes) equals llama-quant's vec_dot for every cell, KV head and query head of
+    the group, scaled; ``block_values`` equals ggml's to_float (``decode_rows``). Cells out of order, a
+    run that starts inside the list, random scales of every magnitude, mins of both signs."""
+    t = kv_type(name)
+    rng = np.random.default_rng(7)
+    head_dim, n_head_kv, group, n_cells = 64, 3, 3, 41
+    k = rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(np.float32)
+    k *= np.exp2(rng.integers(-12, 6, (n_cells, 1))).astype(np.float32)
+    k += rng.standard_normal((n_cells, 1)).astype(np.float32)  # blocks with a min far from zero
+    raw = encode_rows(t, k)
+    nq = n_head_kv * group * head_dim
+    q = rng.standard_normal((2, nq)).astype(np.float32)
+    _qr, xq, xd, xs, _xsum = fa._ready(q, 2, nq, t.code)
+    cells = rng.permutation(n_cells).astype(np.int32)
+    jlo, length, scale = 5, n_cells - 7, np.float32(0.125)
+    values = decode_rows(t, raw, n_head_kv * head_dim)
+    hb = t.row_bytes(head_dim)
+    for kh in range(n_head_kv):
+        w = np.zeros((group, length), np.float32)
+        qo = kh * group * head_dim
+        kv_dots.block_scores(
+            w, raw, cells, jlo, length, kh * hb, t.code, head_dim, group, xq, xd, xs, 1, qo, scale, 32
+        )
+        head = np.ascontiguousarray(raw[cells[jlo : jlo + length], kh * hb : (kh + 1) * hb]).reshape(-1)
+        for g in range(group):
+            expect = np.zeros(length, np.float32)
+            h0 = qo + g * head_dim
+            ref.matvec(expect, head, t.qtype, length, head_dim, q[1, h0 : h0 + head_dim])
+            assert np.array_equal(w[g], expect * scale)
+        got = np.empty((n_cells, head_dim), np.float32)
+        _values(got, raw, kh * hb, t.code, head_dim)
+        assert np.array_equal(got, values[:, kh * head_dim : (kh + 1) * head_dim])
+
+
+@numba.njit(cache=False)
+def _values(out, raw, vo, kind, head_dim):  # type: ignore[no-untyped-def]
+    v32 = np.empty(head_dim, np.float32)
+    for c in range(out.shape[0]):
+        kv_dots.block_values(v32, raw, c, vo, kind, head_dim, 32)
+        out[c] = v32
 
 
 @pytest.mark.parametrize("name", ["f32", "f16"])

@@ -267,14 +267,13 @@ def _float_row(dst, b, c, o, kind, head_dim):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")  # per cell: a call would count references
-def _v_row(dst, vb, c, vo, kind, head_dim, sc, qk):  # type: ignore[no-untyped-def]
+def _v_row(dst, vb, c, vo, kind, head_dim, qk):  # type: ignore[no-untyped-def]
     """dst[0:head_dim] = row c of the cache layer vb from byte vo as float32: ggml's to_float of the V
-    type (``sc``: ``_make_scratch``; ``qk``: the block length, 32)."""
+    type (``qk``: the block length, 32)."""
     if _is_float(kind):
         _float_row(dst, vb, c, vo, kind, head_dim)
     else:
-        d, m, q8, _kf = sc
-        block_values(dst, vb, c, vo, kind, head_dim, q8, d, m, qk)
+        block_values(dst, vb, c, vo, kind, head_dim, qk)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -383,10 +382,9 @@ def _flash_rows(
     ms = np.empty((group, max(length, 1)), np.float32)
     _online_softmax(w, ms, big_s, group, length)  # w becomes vs
     f16v = kind_v in (KIND_F16, _F32_AS_F16)
-    sc = _make_scratch(head_dim)
     hd = uint64(head_dim)
     for j in range(length):
-        _v_row(v32, vb, cells[jlo + j], vo, kind_v, head_dim, sc, qk)
+        _v_row(v32, vb, cells[jlo + j], vo, kind_v, head_dim, qk)
         for g in range(uint64(group)):
             m, vs = ms[g, j], w[g, j]
             # V = V * ms (skipped by ggml when ms is 1: x * 1 is x), then V += v * vs
@@ -448,9 +446,8 @@ def _mha_rows(
         inv[g] = _softmax_sse2(w[g], 0, length, mx[g])
     acc = np.zeros((group, head_dim), np.float64)
     v32 = np.empty(head_dim, np.float32)
-    sc = _make_scratch(head_dim)
     for j in range(length):
-        _v_row(v32, vb, cells[jlo + j], vo, kind_v, head_dim, sc, qk)
+        _v_row(v32, vb, cells[jlo + j], vo, kind_v, head_dim, qk)
         for g in range(uint64(group)):
             p = w[g, j] * inv[g]
             if kind_v == KIND_F16:

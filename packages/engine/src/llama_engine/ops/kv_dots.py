@@ -26,7 +26,6 @@ import numpy as np
 from numba import float32, int32, uint32, uint64
 
 from llama_quant.formats.common import F16_TO_F32
-from llama_quant.formats.iq4 import KVALUES_IQ4NL
 
 __all__ = [
     "IQ4_NL",
@@ -38,6 +37,7 @@ __all__ = [
     "block_scores",
     "block_values",
     "head_dot",
+    "iq4nl_level",
     "unpack_head",
 ]
 
@@ -64,55 +64,196 @@ def head_dot(kind, nb, kq, d, m, xq, xd, xs, qo):  # type: ignore[no-untyped-def
 def block_scores(w, kb, cells, jlo, length, ko, kind, head_dim, group, xq, xd, xs, t, qo0, scale, qk):  # type: ignore[no-untyped-def]
     """w[g, j] = K.Q * scale for the cells[jlo + j] (j < length) of the cache layer kb (raw rows, the KV
     head from byte ko) and token t's query heads g < group from value qo0 on (xq / xd / xs: the query's
-    Q8_0 or Q8_1 blocks, ``quantize_q8``); ``qk`` is the block length, 32."""
+    Q8_0 or Q8_1 blocks, ``quantize_q8``); ``qk`` is the block length, 32. Each block's integer sum reads
+    the row's bytes and decodes them as it goes (``_sumi_row``); the values are not stored first. One
+    copy of the loops per type (the type a constant in each: its branches fold away)."""
+    xqt, xdt, xst = xq[t], xd[t], xs[t]
+    if kind == Q8_0:
+        _scores_of(Q8_0, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, xst, qo0, scale, qk)
+    elif kind == Q4_0:
+        _scores_of(Q4_0, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, xst, qo0, scale, qk)
+    elif kind == Q4_1:
+        _scores_of(Q4_1, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, xst, qo0, scale, qk)
+    elif kind == IQ4_NL:
+        _scores_of(IQ4_NL, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, xst, qo0, scale, qk)
+    elif kind == Q5_0:
+        _scores_of(Q5_0, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, xst, qo0, scale, qk)
+    else:
+        _scores_of(Q5_1, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, xst, qo0, scale, qk)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scores_of(kind, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, xst, qo0, scale, qk):  # type: ignore[no-untyped-def]
     bq = uint64(qk)
     nb = uint64(head_dim) // bq
-    kq = np.empty(nb * bq, np.int8)
-    d = np.empty(nb, np.float32)
-    m = np.zeros(nb, np.float32)
-    xqt, xdt, xst = xq[t], xd[t], xs[t]
     bb = uint64(_BYTES[kind])
+    half = bq // uint64(2)
+    kq = np.empty(nb * bq, np.int8)  # IQ4_NL's levels, decoded once for all the heads
     for j in range(uint64(length)):
         c = uint64(cells[jlo + j])
-        if kind == Q8_0:  # the values are the row's bytes: no unpacking
-            for g in range(uint64(group)):
-                qo = uint64(qo0) + g * uint64(head_dim)
-                sumf = float32(0.0)
-                for b in range(nb):
-                    o = uint64(ko) + b * bb
-                    sumi = float32(_sumi_q8(kb, c, o + uint64(2), xqt, qo + b * bq, bq))
-                    sumf = sumf + sumi * (_f16_at(kb, c, o) * xdt[qo // bq + b])
-                w[g, j] = sumf * scale
-            continue
-        _unpack(kb, c, uint64(ko), kind, nb, bq, kq, d, m)
+        if kind == IQ4_NL:
+            for b in range(nb):
+                o = uint64(ko) + b * bb + uint64(2)
+                for i in range(half):
+                    kq[b * bq + i] = np.int8(iq4nl_level(np.int32(kb[c, o + i]) & np.int32(15)))
+                for i in range(half):
+                    kq[b * bq + half + i] = np.int8(iq4nl_level(np.int32(kb[c, o + i]) >> np.int32(4)))
         for g in range(uint64(group)):
             qo = uint64(qo0) + g * uint64(head_dim)
-            w[g, j] = _head_dot(kind, nb, bq, kq, d, m, xqt, xdt, xst, qo) * scale
+            b0 = qo // bq
+            sumf = float32(0.0)
+            for b in range(nb):
+                o = uint64(ko) + b * bb
+                if kind == IQ4_NL:
+                    sumi = float32(_sumi(kq, xqt, b * bq, qo + b * bq, bq))
+                else:
+                    sumi = float32(_sumi_row(kind, kb, c, o, xqt, qo + b * bq, bq))
+                mk = _f16_at(kb, c, o + uint64(2)) if kind in (Q4_1, Q5_1) else float32(0.0)
+                sumf = _step(kind, sumf, sumi, _f16_at(kb, c, o), mk, xdt[b0 + b], xst[b0 + b])
+            w[g, j] = sumf * scale
 
 
 @numba.njit(cache=True, nogil=True, inline="always")  # per cell: a call would count references
-def block_values(v32, vb, c, vo, kind, head_dim, kq, d, m, qk):  # type: ignore[no-untyped-def]
-    """v32[0:head_dim] = row c of the cache layer vb from byte vo as float32 (ggml's to_float); kq, d, m:
-    scratch as ``block_scores`` makes it; ``qk`` the block length, 32."""
+def block_values(v32, vb, c, vo, kind, head_dim, qk):  # type: ignore[no-untyped-def]
+    """v32[0:head_dim] = row c of the cache layer vb from byte vo as float32 (ggml's to_float), decoded
+    straight from the row's bytes (one copy of the loops per type, as ``block_scores``); ``qk`` the block
+    length, 32."""
+    c, vo = uint64(c), uint64(vo)
+    if kind == Q8_0:
+        _values_of(Q8_0, v32, vb, c, vo, head_dim, qk)
+    elif kind == Q4_0:
+        _values_of(Q4_0, v32, vb, c, vo, head_dim, qk)
+    elif kind == Q4_1:
+        _values_of(Q4_1, v32, vb, c, vo, head_dim, qk)
+    elif kind == IQ4_NL:
+        _values_of(IQ4_NL, v32, vb, c, vo, head_dim, qk)
+    elif kind == Q5_0:
+        _values_of(Q5_0, v32, vb, c, vo, head_dim, qk)
+    else:
+        _values_of(Q5_1, v32, vb, c, vo, head_dim, qk)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _values_of(kind, v32, vb, c, vo, head_dim, qk):  # type: ignore[no-untyped-def]
     bq = uint64(qk)
     nb = uint64(head_dim) // bq
-    if kind == Q8_0:  # straight from the row's bytes
-        bb = uint64(_BYTES[kind])
-        for b in range(nb):
-            o = uint64(vo) + b * bb
-            db = _f16_at(vb, uint64(c), o)
-            for i in range(bq):
-                v32[b * bq + i] = float32(np.int8(vb[uint64(c), o + uint64(2) + i])) * db
-        return
-    _unpack(vb, uint64(c), uint64(vo), kind, nb, bq, kq, d, m)
-    with_min = kind in (Q4_1, Q5_1)
+    bb = uint64(_BYTES[kind])
+    half = bq // uint64(2)
     for b in range(nb):
-        db, mb = d[b], m[b]
-        for i in range(b * bq, (b + uint64(1)) * bq):
-            if with_min:
-                v32[i] = float32(kq[i]) * db + mb
-            else:
-                v32[i] = float32(kq[i]) * db
+        o = vo + b * bb
+        db = _f16_at(vb, c, o)
+        if kind == Q8_0:
+            for i in range(bq):
+                v32[b * bq + i] = float32(np.int8(vb[c, o + uint64(2) + i])) * db
+        elif kind == Q4_0:
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(2) + i])
+                v32[b * bq + i] = float32((x & np.int32(15)) - np.int32(8)) * db
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(2) + i])
+                v32[b * bq + half + i] = float32((x >> np.int32(4)) - np.int32(8)) * db
+        elif kind == Q4_1:
+            mb = _f16_at(vb, c, o + uint64(2))
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(4) + i])
+                v32[b * bq + i] = float32(x & np.int32(15)) * db + mb
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(4) + i])
+                v32[b * bq + half + i] = float32(x >> np.int32(4)) * db + mb
+        elif kind == IQ4_NL:
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(2) + i])
+                v32[b * bq + i] = float32(iq4nl_level(x & np.int32(15))) * db
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(2) + i])
+                v32[b * bq + half + i] = float32(iq4nl_level(x >> np.int32(4))) * db
+        elif kind == Q5_0:
+            h = _bits32(vb, c, o + uint64(2))
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(6) + i])
+                v32[b * bq + i] = float32(((x & np.int32(15)) | _bit4(h, i)) - np.int32(16)) * db
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(6) + i])
+                v32[b * bq + half + i] = (
+                    float32(((x >> np.int32(4)) | _bit4(h, i + half)) - np.int32(16)) * db
+                )
+        else:  # Q5_1
+            mb = _f16_at(vb, c, o + uint64(2))
+            h = _bits32(vb, c, o + uint64(4))
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(8) + i])
+                v32[b * bq + i] = float32((x & np.int32(15)) | _bit4(h, i)) * db + mb
+            for i in range(half):
+                x = np.int32(vb[c, o + uint64(8) + i])
+                v32[b * bq + half + i] = float32((x >> np.int32(4)) | _bit4(h, i + half)) * db + mb
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _nib(kb, c, o, top):  # type: ignore[no-untyped-def]
+    """The low (top 0) or high (top 1) nibble of byte o of row c, as int32."""
+    return (np.int32(kb[c, o]) >> np.int32(4 * top)) & np.int32(15)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bit4(h, i):  # type: ignore[no-untyped-def]
+    """Bit i of h as the value 16 or 0 (int32)."""
+    return np.int32(((h >> uint32(i)) & uint32(1)) << uint32(4))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sumi_row(kind, kb, c, o, xq, qo, qk):  # type: ignore[no-untyped-def]
+    """sum q_i * xq[qo + i] over the block of row c of kb at byte o (its scale first), the integers q_i
+    decoded from the bytes as they are read: the same int32 sum as ``_sumi`` over the unpacked values."""
+    if kind == Q8_0:
+        return _sumi_q8(kb, c, o + uint64(2), xq, qo, qk)
+    half = qk // uint64(2)
+    s = int32(0)
+    if kind == Q4_0:
+        for i in range(half):
+            x = np.int32(kb[c, o + uint64(2) + i])
+            s += ((x & np.int32(15)) - np.int32(8)) * np.int32(xq[qo + i])
+            s += ((x >> np.int32(4)) - np.int32(8)) * np.int32(xq[qo + half + i])
+    elif kind == Q4_1:
+        for i in range(half):
+            x = np.int32(kb[c, o + uint64(4) + i])
+            s += (x & np.int32(15)) * np.int32(xq[qo + i]) + (x >> np.int32(4)) * np.int32(xq[qo + half + i])
+    elif kind == IQ4_NL:
+        for i in range(half):
+            x = np.int32(kb[c, o + uint64(2) + i])
+            s += iq4nl_level(x & np.int32(15)) * np.int32(xq[qo + i])
+            s += iq4nl_level(x >> np.int32(4)) * np.int32(xq[qo + half + i])
+    elif kind == Q5_0:
+        h = _bits32(kb, c, o + uint64(2))
+        for i in range(half):
+            lo, hi = _fifth(kb, c, o + uint64(6), h, i)
+            s += (lo - np.int32(16)) * np.int32(xq[qo + i]) + (hi - np.int32(16)) * np.int32(
+                xq[qo + half + i]
+            )
+    else:  # Q5_1
+        h = _bits32(kb, c, o + uint64(4))
+        for i in range(half):
+            lo, hi = _fifth(kb, c, o + uint64(8), h, i)
+            s += lo * np.int32(xq[qo + i]) + hi * np.int32(xq[qo + half + i])
+    return s
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bits32(kb, c, o):  # type: ignore[no-untyped-def]
+    """The little-endian uint32 at byte o of row c (Q5's fifth bits: bit j for value j)."""
+    h = uint32(0)
+    for i in range(uint64(4)):
+        h |= uint32(kb[c, o + i]) << uint32(8 * i)
+    return h
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fifth(kb, c, o, h, i):  # type: ignore[no-untyped-def]
+    """Q5 values i and i + 16 (0..31, int32) from nibble byte i at byte o on and the fifth bits h."""
+    v = uint32(kb[c, o + i])
+    s = uint32(i)
+    lo = (v & uint32(15)) | (((h >> s) & uint32(1)) << uint32(4))
+    hi = (v >> uint32(4)) | (((h >> (s + uint32(16))) & uint32(1)) << uint32(4))
+    return np.int32(lo), np.int32(hi)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -158,26 +299,32 @@ def _nibbles(kb, c, o, kq, k0, half, off):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _levels(kb, c, o, kq, k0, half):  # type: ignore[no-untyped-def]
+    """IQ4_NL's nibbles (Q4's layout) -> their levels, ``iq4nl_level`` of each: arithmetic, not a table
+    lookup, so the loop is vector code (a gather from the table kept it scalar)."""
     for j in range(half):
-        v = kb[c, o + j]
-        kq[k0 + j] = np.int8(KVALUES_IQ4NL[v & np.uint8(15)])
-        kq[k0 + j + half] = np.int8(KVALUES_IQ4NL[v >> np.uint8(4)])
+        v = np.int32(kb[c, o + j])
+        kq[k0 + j] = np.int8(iq4nl_level(v & np.int32(15)))
+        kq[k0 + j + half] = np.int8(iq4nl_level(v >> np.int32(4)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def iq4nl_level(q):  # type: ignore[no-untyped-def]
+    """KVALUES_IQ4NL[q] for a nibble q (int32, 0..15), exactly: the integer quartic
+    (11 q^4 + 336 q^3 - 12293 q^2 + 202694 q - 1036648) >> 13, which meets the table at all 16 points
+    (the intermediate values stay under 2^20 in magnitude)."""
+    r = ((np.int32(11) * q + np.int32(336)) * q - np.int32(12293)) * q
+    return ((r + np.int32(202694)) * q - np.int32(1036648)) >> np.int32(13)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _fifths(kb, c, o, kq, k0, half, off):  # type: ignore[no-untyped-def]
-    """Q5 at byte o: the fifth bits (a little-endian uint32: bit j for value j), then the nibbles."""
-    h = uint32(0)
-    for i in range(uint64(4)):
-        h |= uint32(kb[c, o + i]) << uint32(8 * i)
+    """Q5 at byte o: the fifth bits (``_bits32``), then the nibbles (``_fifth``), minus ``off``."""
+    h = _bits32(kb, c, o)
     z = np.int32(off)
     for j in range(half):
-        v = uint32(kb[c, o + uint64(4) + j])
-        s = uint32(j)
-        lo = (v & uint32(15)) | (((h >> s) & uint32(1)) << uint32(4))
-        hi = (v >> uint32(4)) | (((h >> (s + uint32(16))) & uint32(1)) << uint32(4))
-        kq[k0 + j] = np.int8(np.int32(lo) - z)
-        kq[k0 + j + half] = np.int8(np.int32(hi) - z)
+        lo, hi = _fifth(kb, c, o + uint64(4), h, j)
+        kq[k0 + j] = np.int8(lo - z)
+        kq[k0 + j + half] = np.int8(hi - z)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -204,13 +351,17 @@ def _head_dot(kind, nb, qk, kq, d, m, xq, xd, xs, qo):  # type: ignore[no-untype
     b0 = qo // qk
     for b in range(nb):
         sumi = float32(_sumi(kq, xq, b * qk, qo + b * qk, qk))
-        dq = xd[b0 + b]
-        if kind in (Q8_0, IQ4_NL):
-            sumf = sumf + sumi * (d[b] * dq)
-        elif kind == Q4_0:
-            sumf = sumf + (sumi * d[b]) * dq
-        elif kind == Q5_0:
-            sumf = sumf + (d[b] * dq) * sumi
-        else:  # Q4_1, Q5_1
-            sumf = sumf + ((d[b] * dq) * sumi + m[b] * xs[b0 + b])
+        sumf = _step(kind, sumf, sumi, d[b], m[b], xd[b0 + b], xs[b0 + b])
     return sumf
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _step(kind, sumf, sumi, dk, mk, dq, sq):  # type: ignore[no-untyped-def]
+    """One block's float step of K's vec_dot (the module's table), each operation rounded to f32."""
+    if kind in (Q8_0, IQ4_NL):
+        return sumf + sumi * (dk * dq)
+    if kind == Q4_0:
+        return sumf + (sumi * dk) * dq
+    if kind == Q5_0:
+        return sumf + (dk * dq) * sumi
+    return sumf + ((dk * dq) * sumi + mk * sq)  # Q4_1, Q5_1
