@@ -11,12 +11,16 @@ order, each operation rounded to f32 (the same steps as llama-quant's ``blocks32
 
 A V row is ggml's to_float: ``q * d`` (``q * d + m`` for Q4_1 / Q5_1) with q the block's integer value.
 
-Speed: a cell's head is unpacked into int8 values (q - 8, q - 16, the IQ4_NL levels; Q8_0's bytes are read
-in place) and its block scales once for all the query heads sharing the KV head; the integer sums are then
-contiguous int8 x int8 -> int32 reductions. Two things keep them vector code: every index is unsigned and no
-array view is made per cell (a view is reference counted), and the block length ``qk`` (32) comes in as an
-argument, not a constant: with a constant trip count LLVM unrolls the 32-value loops into scalar code before
-its loop vectorizer sees them. Only the short per-block float step is scalar.
+Speed: ``block_scores`` and ``block_values`` decode the values from the row's bytes in the loops that use
+them (nibbles, fifth bits, IQ4_NL's levels through an exact integer quartic, Q8_0's bytes in place), one copy
+of the loops per type with the type a constant; only IQ4_NL's levels are decoded once per cell into int8
+values for all the query heads sharing the KV head (the quartic costs more than a reload). Three things keep
+the loops vector code: every index is unsigned and no array view is made per cell (a view is reference
+counted); a loop stores to one place (the values i and i + 16 of a block, which come from byte i, are
+written by two loops, not one); and the block length ``qk`` (32) comes in as an argument, not a constant:
+with a constant trip count LLVM unrolls the loops into scalar code before its loop vectorizer sees them.
+Only the short per-block float step is scalar. ``unpack_head`` / ``head_dot`` (one row at a time, into
+scratch) are the plain form the tests compare against.
 """
 
 from __future__ import annotations
@@ -299,8 +303,7 @@ def _nibbles(kb, c, o, kq, k0, half, off):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _levels(kb, c, o, kq, k0, half):  # type: ignore[no-untyped-def]
-    """IQ4_NL's nibbles (Q4's layout) -> their levels, ``iq4nl_level`` of each: arithmetic, not a table
-    lookup, so the loop is vector code (a gather from the table kept it scalar)."""
+    """IQ4_NL's nibbles (Q4's layout) -> their levels (``iq4nl_level``)."""
     for j in range(half):
         v = np.int32(kb[c, o + j])
         kq[k0 + j] = np.int8(iq4nl_level(v & np.int32(15)))
