@@ -25,13 +25,14 @@ import numba
 import numpy as np
 from numba import float32, float64, prange, uint64
 
-from llama_quant.formats.common import F16_TO_F32 as _F16
 from llama_quant.kernels.act import quantize_q8
 
-from ._intrinsics import bits_f32, f32_bits, round_f16
+from ._intrinsics import bits_f32, f32_bits, round_f16, widen
 from .attention import _softmax_sse2, prepare_qkv
 from .expf import expf_sse2
 from .kv_dots import block_scores, block_values, head_dot, unpack_head
+from .products import round_up
+from .tiles import TILE_COLS, TILE_LANES, tile_sums
 
 __all__ = [
     "KIND_BF16",
@@ -204,8 +205,8 @@ def _float_at(b, c, o, kind):  # type: ignore[no-untyped-def]
     """Element of row c of a float-type layer b (raw bytes) at byte offset o, as float32 (exact); row and
     offset are indexed directly (unsigned), as a row view per element would be reference counted."""
     c, o = uint64(c), uint64(o)
-    if kind == KIND_F16:
-        return _F16[uint64(b[c, o]) | (uint64(b[c, o + uint64(1)]) << uint64(8))]
+    if kind == KIND_F16:  # a register conversion (vcvtph2ps with F16C), not a table lookup: vector code
+        return widen(np.uint16(np.uint32(b[c, o]) | (np.uint32(b[c, o + uint64(1)]) << np.uint32(8))))  # type: ignore[call-arg]
     if kind == _F32_AS_F16:
         return _f16r(_f32_at(b, c, o))
     if kind == KIND_BF16:
@@ -291,17 +292,41 @@ def _make_scratch(head_dim):  # type: ignore[no-untyped-def]
 @numba.njit(cache=True, nogil=True)
 def _scores(w, qr, xq, xd, xs, xsum, kb, cells, jlo, length, ko, t, kh, group, head_dim, scale, kind, qk):  # type: ignore[no-untyped-def]
     """w[g, j] = K.Q * scale of cells[jlo + j] (j < length) for token t's query heads over KV head kh (K's
-    vec_dot, each dot on its own); block types through ``kv_dots.block_scores``."""
+    vec_dot, each dot on its own); block types through ``kv_dots.block_scores``, float types through
+    ``_float_scores``."""
     qo = kh * group * head_dim
-    if not _is_float(kind):
+    if _is_float(kind):
+        _float_scores(w, qr, kb, cells, jlo, length, ko, t, qo, group, head_dim, scale, kind)
+    else:
         block_scores(w, kb, cells, jlo, length, ko, kind, head_dim, group, xq, xd, xs, t, qo, scale, qk)
-        return
-    sc = _make_scratch(head_dim)
-    kf = sc[3]
-    for j in range(length):
-        _float_row(kf, kb, cells[jlo + j], ko, kind, head_dim)
+
+
+@numba.njit(cache=True, nogil=True)
+def _float_scores(w, qr, kb, cells, jlo, length, ko, t, qo, group, head_dim, scale, kind):  # type: ignore[no-untyped-def]
+    """``_scores`` for a float K: ggml's vec_dot_f16 / bf16 / f32, each product in float (exact for f16
+    and bf16 values), the sum in double over the dimension in order. The cells are the register tile's
+    lanes (``products.kq_few``'s layout: 8 cells by 4 query heads), so 8 dots run side by side, each in
+    its own order."""
+    ncol = round_up(group, TILE_COLS)
+    qc = np.zeros((head_dim, ncol), np.float32)
+    for g in range(group):
+        for d in range(head_dim):
+            qc[d, g] = qr[t, qo + g * head_dim + d]
+    kt = np.zeros((head_dim, TILE_LANES), np.float32)
+    res = np.empty(TILE_LANES * ncol, np.float64)
+    step = uint64(_BLOCK_BYTES[kind])
+    for j0 in range(0, length, TILE_LANES):
+        m = min(TILE_LANES, length - j0)
+        for i in range(m):  # a last block's stale lanes only feed sums that are not read
+            c = cells[jlo + j0 + i]
+            for d in range(uint64(head_dim)):
+                kt[d, i] = _float_at(kb, c, uint64(ko) + d * step, kind)
+        res[:] = 0.0
+        for c0 in range(0, ncol, TILE_COLS):
+            tile_sums(res, c0 * TILE_LANES, kt, 0, qc, c0, head_dim, TILE_LANES, ncol, 1, TILE_LANES)  # type: ignore[call-arg]
         for g in range(group):
-            w[g, j] = _k_dot(kind, head_dim, sc, qr, xq, xd, xs, xsum, t, qo + g * head_dim) * scale
+            for i in range(m):
+                w[g, j0 + i] = float32(res[g * TILE_LANES + i]) * scale
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
