@@ -113,7 +113,7 @@ def test_block_dots_are_llama_quants_vec_dot(name: str) -> None:
 def test_iq4_nl_levels_are_the_table() -> None:
     from llama_quant.formats.iq4 import KVALUES_IQ4NL
 
-    got = [kv_dots.iq4nl_level.py_func(np.int32(q)) for q in range(16)]
+    got = [int(kv_dots.iq4nl_level.py_func(np.int32(q))) for q in range(16)]
     assert got == [int(v) for v in KVALUES_IQ4NL]
 
 

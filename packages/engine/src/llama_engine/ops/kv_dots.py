@@ -99,9 +99,11 @@ def _scores_of(kind, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, x
             for b in range(nb):
                 o = uint64(ko) + b * bb + uint64(2)
                 for i in range(half):
-                    kq[b * bq + i] = np.int8(iq4nl_level(np.int32(kb[c, o + i]) & np.int32(15)))
+                    kq[b * bq + i] = np.int8(np.int32(iq4nl_level(np.int32(kb[c, o + i]) & np.int32(15))))
                 for i in range(half):
-                    kq[b * bq + half + i] = np.int8(iq4nl_level(np.int32(kb[c, o + i]) >> np.int32(4)))
+                    kq[b * bq + half + i] = np.int8(
+                        np.int32(iq4nl_level(np.int32(kb[c, o + i]) >> np.int32(4)))
+                    )
         for g in range(uint64(group)):
             qo = uint64(qo0) + g * uint64(head_dim)
             b0 = qo // bq
@@ -167,10 +169,10 @@ def _values_of(kind, v32, vb, c, vo, head_dim, qk):  # type: ignore[no-untyped-d
         elif kind == IQ4_NL:
             for i in range(half):
                 x = np.int32(vb[c, o + uint64(2) + i])
-                v32[b * bq + i] = float32(iq4nl_level(x & np.int32(15))) * db
+                v32[b * bq + i] = iq4nl_level(x & np.int32(15)) * db
             for i in range(half):
                 x = np.int32(vb[c, o + uint64(2) + i])
-                v32[b * bq + half + i] = float32(iq4nl_level(x >> np.int32(4))) * db
+                v32[b * bq + half + i] = iq4nl_level(x >> np.int32(4)) * db
         elif kind == Q5_0:
             h = _bits32(vb, c, o + uint64(2))
             for i in range(half):
@@ -224,8 +226,8 @@ def _sumi_row(kind, kb, c, o, xq, qo, qk):  # type: ignore[no-untyped-def]
     elif kind == IQ4_NL:
         for i in range(half):
             x = np.int32(kb[c, o + uint64(2) + i])
-            s += iq4nl_level(x & np.int32(15)) * np.int32(xq[qo + i])
-            s += iq4nl_level(x >> np.int32(4)) * np.int32(xq[qo + half + i])
+            s += np.int32(iq4nl_level(x & np.int32(15))) * np.int32(xq[qo + i])
+            s += np.int32(iq4nl_level(x >> np.int32(4))) * np.int32(xq[qo + half + i])
     elif kind == Q5_0:
         h = _bits32(kb, c, o + uint64(2))
         for i in range(half):
@@ -312,11 +314,15 @@ def _levels(kb, c, o, kq, k0, half):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def iq4nl_level(q):  # type: ignore[no-untyped-def]
-    """KVALUES_IQ4NL[q] for a nibble q (int32, 0..15), exactly: the integer quartic
-    (11 q^4 + 336 q^3 - 12293 q^2 + 202694 q - 1036648) >> 13, which meets the table at all 16 points
-    (the intermediate values stay under 2^20 in magnitude)."""
-    r = ((np.int32(11) * q + np.int32(336)) * q - np.int32(12293)) * q
-    return ((r + np.int32(202694)) * q - np.int32(1036648)) >> np.int32(13)
+    """KVALUES_IQ4NL[q] for a nibble q (int32, 0..15), exactly, as float32: the integer quartic
+    floor((11 q^4 + 336 q^3 - 12293 q^2 + 202694 q - 1036648) / 2^13), which meets the table at all 16
+    points. It is taken in float32: every intermediate is an integer under 2^24 in magnitude, so each
+    operation is exact, and float arithmetic stays 32 bits wide in vector code (numba widens int32
+    products to int64)."""
+    x = float32(q)
+    r = ((float32(11.0) * x + float32(336.0)) * x - float32(12293.0)) * x
+    r = (r + float32(202694.0)) * x - float32(1036648.0)
+    return np.floor(r * float32(1.0 / 8192.0))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
