@@ -74,17 +74,42 @@ def _build_number(bin_dir: Path) -> int:
     return int(number) if number.isdigit() else -1
 
 
-def cpu_features() -> str:
-    """The SIMD features of this host that matter to both sides' kernels (from /proc/cpuinfo)."""
+def _cpu_flags() -> set[str] | None:
     try:
         flags = next(
             line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
         )
     except (OSError, StopIteration):
+        return None
+    return set(flags.split(":", 1)[1].split())
+
+
+def cpu_features() -> str:
+    """The SIMD features of this host that matter to both sides' kernels (from /proc/cpuinfo)."""
+    have = _cpu_flags()
+    if have is None:
         return "unknown"
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")
-    have = set(flags.split(":", 1)[1].split())
+    wanted = (
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_int8",
+    )
     return " ".join(f for f in wanted if f in have) or "no AVX2"
+
+
+def llama_cpp_host_flags() -> list[str]:
+    """Flags llama.cpp's native build needs on this host: where the CPU has AMX, `--no-repack` (no extra
+    buffer types): its AMX matrix product crashes on the first forward (SIGSEGV in
+    ggml_backend_amx_mul_mat, llama.cpp issue 20824). The SmolLM2 Q4_1 default has no CPU repacking
+    (ggml repacks Q4_0, IQ4_NL, Q8_0 and K types), so this only takes AMX away there."""
+    have = _cpu_flags() or set()
+    return ["--no-repack"] if "amx_int8" in have else []
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -130,9 +155,11 @@ def ours_command(model: str, port: int, *flags: str, quiet: bool = True) -> list
 
 def llama_cpp_command(binary: Path, model: str, port: int, *flags: str) -> list[str]:
     """llama.cpp's llama-server on loopback with the same threads, quiet. --cache-ram 0: no host-memory
-    prompt cache (the requests send cache_prompt false anyway); --no-webui: the build embeds no UI."""
+    prompt cache (the requests send cache_prompt false anyway); --no-webui: the build embeds no UI; and
+    ``llama_cpp_host_flags``."""
     where = ["-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(THREADS)]
-    return [str(binary), *where, "--no-webui", "--cache-ram", "0", "--log-disable", *flags]
+    quiet = ["--no-webui", "--cache-ram", "0", "--log-disable"]
+    return [str(binary), *where, *quiet, *llama_cpp_host_flags(), *flags]
 
 
 @contextmanager
