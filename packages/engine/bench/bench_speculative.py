@@ -55,7 +55,7 @@ def smollm2_f16() -> Path:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
-        exe = shutil.which("llama-quant") or "llama-quant"
+        exe = shutil.which("llama-quant") or str(Path(sys.executable).parent / "llama-quant")  # the same venv
         subprocess.run([exe, "--allow-requantize", str(smollm2_q4_1()), str(tmp), "F16"], check=True)
         tmp.rename(out)
     return out
