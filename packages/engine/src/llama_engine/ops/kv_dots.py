@@ -97,13 +97,7 @@ def _scores_of(kind, w, kb, cells, jlo, length, ko, head_dim, group, xqt, xdt, x
         c = uint64(cells[jlo + j])
         if kind == IQ4_NL:
             for b in range(nb):
-                o = uint64(ko) + b * bb + uint64(2)
-                for i in range(half):
-                    kq[b * bq + i] = np.int8(np.int32(iq4nl_level(np.int32(kb[c, o + i]) & np.int32(15))))
-                for i in range(half):
-                    kq[b * bq + half + i] = np.int8(
-                        np.int32(iq4nl_level(np.int32(kb[c, o + i]) >> np.int32(4)))
-                    )
+                _levels(kb, c, uint64(ko) + b * bb + uint64(2), kq, b * bq, half)
         for g in range(uint64(group)):
             qo = uint64(qo0) + g * uint64(head_dim)
             b0 = qo // bq
@@ -195,12 +189,6 @@ def _values_of(kind, v32, vb, c, vo, head_dim, qk):  # type: ignore[no-untyped-d
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _nib(kb, c, o, top):  # type: ignore[no-untyped-def]
-    """The low (top 0) or high (top 1) nibble of byte o of row c, as int32."""
-    return (np.int32(kb[c, o]) >> np.int32(4 * top)) & np.int32(15)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
 def _bit4(h, i):  # type: ignore[no-untyped-def]
     """Bit i of h as the value 16 or 0 (int32)."""
     return np.int32(((h >> uint32(i)) & uint32(1)) << uint32(4))
@@ -209,7 +197,8 @@ def _bit4(h, i):  # type: ignore[no-untyped-def]
 @numba.njit(cache=True, nogil=True, inline="always")
 def _sumi_row(kind, kb, c, o, xq, qo, qk):  # type: ignore[no-untyped-def]
     """sum q_i * xq[qo + i] over the block of row c of kb at byte o (its scale first), the integers q_i
-    decoded from the bytes as they are read: the same int32 sum as ``_sumi`` over the unpacked values."""
+    decoded from the bytes as they are read: the same int32 sum as ``_sumi`` over the unpacked values.
+    Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (IQ4_NL's levels are decoded once per cell, ``_levels``)."""
     if kind == Q8_0:
         return _sumi_q8(kb, c, o + uint64(2), xq, qo, qk)
     half = qk // uint64(2)
@@ -223,11 +212,6 @@ def _sumi_row(kind, kb, c, o, xq, qo, qk):  # type: ignore[no-untyped-def]
         for i in range(half):
             x = np.int32(kb[c, o + uint64(4) + i])
             s += (x & np.int32(15)) * np.int32(xq[qo + i]) + (x >> np.int32(4)) * np.int32(xq[qo + half + i])
-    elif kind == IQ4_NL:
-        for i in range(half):
-            x = np.int32(kb[c, o + uint64(2) + i])
-            s += np.int32(iq4nl_level(x & np.int32(15))) * np.int32(xq[qo + i])
-            s += np.int32(iq4nl_level(x >> np.int32(4))) * np.int32(xq[qo + half + i])
     elif kind == Q5_0:
         h = _bits32(kb, c, o + uint64(2))
         for i in range(half):
@@ -305,11 +289,12 @@ def _nibbles(kb, c, o, kq, k0, half, off):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _levels(kb, c, o, kq, k0, half):  # type: ignore[no-untyped-def]
-    """IQ4_NL's nibbles (Q4's layout) -> their levels (``iq4nl_level``)."""
+    """IQ4_NL's nibbles (Q4's layout) at byte o -> their levels (``iq4nl_level``) as int8 into kq from k0:
+    one loop per half (a loop storing both stays scalar)."""
     for j in range(half):
-        v = np.int32(kb[c, o + j])
-        kq[k0 + j] = np.int8(iq4nl_level(v & np.int32(15)))
-        kq[k0 + j + half] = np.int8(iq4nl_level(v >> np.int32(4)))
+        kq[k0 + j] = np.int8(np.int32(iq4nl_level(np.int32(kb[c, o + j]) & np.int32(15))))
+    for j in range(half):
+        kq[k0 + half + j] = np.int8(np.int32(iq4nl_level(np.int32(kb[c, o + j]) >> np.int32(4))))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
