@@ -182,6 +182,33 @@ def test_typed_kernel_equals_the_default_one(name: str) -> None:
     assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("flash", [False, True], ids=["mha", "flash"])
+@pytest.mark.parametrize("name", ["f32", "f16", "bf16", *BLOCK_TYPES])
+def test_phased_jobs_equal_whole_ones(name: str, flash: bool) -> None:
+    """Few (token, KV head) jobs run in phases cut by cells, heads and 32-value blocks: the same bits as one
+    job per token and KV head, for every type, with permuted cells, ranges that differ per token (one of
+    a single cell) and runs of cells that do not divide them."""
+    names = (name, "f16") if not flash and name in BLOCK_TYPES else (name, name)  # a block V needs flash
+    kinds = tuple(kv_type(x).code for x in names)
+    rng = np.random.default_rng(5)
+    n, n_cells, n_head, n_head_kv, head_dim = 3, 45, 6, 2, 64
+    kc, vc = (
+        encode_rows(kv_type(x), rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(np.float32))
+        for x in names
+    )
+    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
+    cells = rng.permutation(n_cells).astype(np.int32)
+    lo, hi = np.array([0, 3, 7], np.int32), np.array([40, 45, 8], np.int32)
+    results = []
+    for phased in (False, True):
+        out = np.full_like(q, np.nan)
+        args = (out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.125, *kinds, flash)
+        fa.attention_typed(*args, phased=phased, split=7)
+        results.append(out)
+    assert not np.isnan(results[0]).any()
+    assert np.array_equal(results[0], results[1])
+
+
 @pytest.fixture(scope="module")
 def model64(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A tiny llama with 64-value heads (block types fit, the rotation applies)."""

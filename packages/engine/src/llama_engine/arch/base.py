@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+import numba
 import numpy as np
 
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
@@ -470,6 +471,7 @@ class DecoderModel:
             self.rope_mode,
             *self._scales,
             self._tile_cols,
+            numba.get_num_threads(),
             *typed,
         )
         if self.collector is not None:

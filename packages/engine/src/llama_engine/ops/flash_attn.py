@@ -28,7 +28,7 @@ from numba import float32, float64, prange, uint64
 from llama_quant.kernels.act import quantize_q8
 
 from ._intrinsics import bits_f32, f32_bits, round_f16, widen
-from .attention import _softmax_sse2, prepare_qkv
+from .attention import FEW_JOBS, _softmax_sse2, phase_sizes, prepare_qkv
 from .expf import expf_sse2
 from .kv_dots import block_scores, block_values, head_dot, unpack_head
 from .products import round_up
@@ -78,6 +78,7 @@ def attend_typed(  # type: ignore[no-untyped-def]
     q_scale,
     kq_scale,
     cols,
+    threads,
     kind_k,
     kind_v,
     flash,
@@ -101,8 +102,9 @@ def attend_typed(  # type: ignore[no-untyped-def]
         fwht_rows(qkv, n, nq + nk, nk, rot_v)
     store(new_cells, qkv[:n, nq : nq + nk], qkv[:n, nq + nk : nq + 2 * nk])
     attention_typed(
-        out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash
-    )
+        out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash,
+        threads=threads,
+    )  # fmt: skip
     if rot_v:
         fwht_rows(out, n, 0, nq, rot_v)
 
@@ -129,10 +131,31 @@ def fwht_rows(x, n, c0, width, size):  # type: ignore[no-untyped-def]
 
 
 def attention_typed(  # type: ignore[no-untyped-def]
-    out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash
+    out,
+    q,
+    kc,
+    vc,
+    cells,
+    lo,
+    hi,
+    n,
+    n_head,
+    n_head_kv,
+    head_dim,
+    kq_scale,
+    kind_k,
+    kind_v,
+    flash,
+    phased=None,
+    split=0,
+    threads=None,
 ) -> None:
     """Attention of q [n, n_head * head_dim] (f32, not yet converted for K) over the cache layers kc, vc
-    (any storage: read as raw bytes) into out [n, n_head * head_dim]; ``flash``: flash attention."""
+    (any storage: read as raw bytes) into out [n, n_head * head_dim]; ``flash``: flash attention.
+    ``phased``: run ``_run_phased`` (``threads``, default numba's count, and ``split``:
+    ``attention.phase_sizes``' arguments) or ``_run``; None:
+    phased when the (token, KV head) jobs are fewer than ``attention.FEW_JOBS`` and there is more than one
+    thread (the tiled kernel never is). The numbers are the same."""
     nq = n_head * head_dim
     if flash:
         kind_k = _F32_AS_F16 if kind_k == KIND_F32 else kind_k
@@ -144,10 +167,17 @@ def attention_typed(  # type: ignore[no-untyped-def]
     tiled = flash and n >= _Q_TILE and kind_k in (KIND_F16, _F32_AS_F16) and kind_v in (KIND_F16, _F32_AS_F16)
     if tiled:
         qr = np.ascontiguousarray(q[:n, :nq], np.float32)  # the tiled kernel keeps q in f32
-    _run(
+    args = (
         out, qr, xq, xd, xs, xsum, kb, vb, cells, lo, hi, n, n_head, n_head_kv, head_dim,
-        np.float32(kq_scale), kind_k, kind_v, flash, tiled, _QK,
+        np.float32(kq_scale), kind_k, kind_v, flash,
     )  # fmt: skip
+    threads = numba.get_num_threads() if threads is None else threads
+    if phased is None:
+        phased = threads > 1 and n * n_head_kv < FEW_JOBS
+    if phased and not tiled:
+        _run_phased(*args, _QK, threads, split)
+    else:
+        _run(*args, tiled, _QK)
 
 
 def _ready(q: np.ndarray, n: int, nq: int, kind_k: int):  # type: ignore[no-untyped-def]
@@ -378,6 +408,168 @@ def _run(
             )  # fmt: skip
 
 
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _run_phased(
+    out,
+    qr,
+    xq,
+    xd,
+    xs,
+    xsum,
+    kb,
+    vb,
+    cells,
+    lo,
+    hi,
+    n,
+    n_head,
+    n_head_kv,
+    head_dim,
+    scale,
+    kind_k,
+    kind_v,
+    flash,
+    qk,
+    threads,
+    split,
+):  # type: ignore[no-untyped-def]
+    """``_run``'s jobs (flash or not) when they are few, in three parallel phases of finer jobs that keep
+    every thread busy: the K.Q values by token, KV head and run of cells; the softmax by token and query
+    head; the V sums by token, KV head and part of the head's dimensions (``phase_sizes``). Each value is
+    computed as in ``_flash_rows`` / ``_mha_rows``, by the same operations in the same order: only the jobs
+    are cut otherwise."""
+    group = n_head // n_head_kv
+    span = 1
+    for t in range(n):
+        span = max(span, hi[t] - lo[t])
+    split, n_blk = phase_sizes(n * n_head_kv, span, head_dim, threads, split)
+    n_split = (span + split - 1) // split
+    w = np.empty((n, n_head, span), np.float32)  # K.Q, then the softmax's exponentials (flash: vs)
+    ms = np.empty((n, n_head, span if flash else 1), np.float32)  # flash: the online softmax's ms
+    norm = np.empty((n, n_head), np.float32)  # flash: S; otherwise 1 / sum
+    for job in prange(n * n_head_kv * n_split):
+        tk = job // n_split
+        t, kh = tk // n_head_kv, tk % n_head_kv
+        c0 = job % n_split * split
+        m = min(split, max(hi[t] - lo[t], 0) - c0)
+        if m > 0:
+            part = np.empty((group, m), np.float32)
+            ko = kh * _head_bytes(kind_k, head_dim)
+            _scores(
+                part,
+                qr,
+                xq,
+                xd,
+                xs,
+                xsum,
+                kb,
+                cells,
+                lo[t] + c0,
+                m,
+                ko,
+                t,
+                kh,
+                group,
+                head_dim,
+                scale,
+                kind_k,
+                qk,
+            )
+            for g in range(group):
+                for j in range(m):
+                    w[t, kh * group + g, c0 + j] = part[g, j]
+    for job in prange(n * n_head):
+        t, h = job // n_head, job % n_head
+        length = max(hi[t] - lo[t], 0)
+        if flash:
+            norm[t, h] = _online_softmax_row(w[t, h], ms[t, h], length)
+        else:
+            mx = float32(-np.inf)
+            for j in range(length):
+                if w[t, h, j] > mx:
+                    mx = w[t, h, j]
+            norm[t, h] = _softmax_sse2(w[t, h], 0, length, mx)
+    blk = head_dim // n_blk
+    for job in prange(n * n_head_kv * n_blk):
+        tk = job // n_blk
+        t, kh = tk // n_head_kv, tk % n_head_kv
+        d0 = job % n_blk * blk
+        vo = kh * _head_bytes(kind_v, head_dim) + _head_bytes(kind_v, d0)
+        if flash:
+            _flash_values(
+                out,
+                w[t],
+                ms[t],
+                norm[t],
+                vb,
+                cells,
+                lo[t],
+                hi[t],
+                t,
+                kh,
+                group,
+                head_dim,
+                d0,
+                blk,
+                vo,
+                kind_v,
+                qk,
+            )
+        else:
+            _mha_values(
+                out, w[t], norm[t], vb, cells, lo[t], hi[t], t, kh, group, head_dim, d0, blk, vo, kind_v, qk
+            )
+
+
+@numba.njit(cache=True, nogil=True)
+def _flash_values(out, w, ms, big_s, vb, cells, jlo, jhi, t, kh, group, head_dim, d0, blk, vo, kind_v, qk):  # type: ignore[no-untyped-def]
+    """``_flash_rows``' V sums and output for dimensions d0 .. d0 + blk of token t's query heads over KV
+    head kh (w: vs, ms, big_s: the online softmax's, [n_head, .]); vo: byte offset of dimension d0."""
+    acc = np.zeros((group, blk), np.float32)
+    v32 = np.empty(blk, np.float32)
+    f16v = kind_v in (KIND_F16, _F32_AS_F16)
+    hd = uint64(blk)
+    for j in range(max(jhi - jlo, 0)):
+        _v_row(v32, vb, cells[jlo + j], vo, kind_v, blk, qk)
+        for g in range(uint64(group)):
+            h = uint64(kh * group) + g
+            m, vs = ms[h, j], w[h, j]
+            if f16v:
+                for d in range(hd):
+                    acc[g, d] = _f16r(_f16r(acc[g, d] * m) + v32[d] * vs)
+            else:
+                for d in range(hd):
+                    acc[g, d] = acc[g, d] * m + v32[d] * vs
+    for g in range(group):
+        h = kh * group + g
+        inv = float32(0.0) if big_s[h] == float32(0.0) else float32(1.0) / big_s[h]
+        for d in range(blk):
+            out[t, h * head_dim + d0 + d] = acc[g, d] * inv
+
+
+@numba.njit(cache=True, nogil=True)
+def _mha_values(out, w, inv, vb, cells, jlo, jhi, t, kh, group, head_dim, d0, blk, vo, kind_v, qk):  # type: ignore[no-untyped-def]
+    """``_mha_rows``' KQV sums for dimensions d0 .. d0 + blk of token t's query heads over KV head kh (w:
+    the softmax's exponentials, inv: 1 / their sum, [n_head, .]); vo: byte offset of dimension d0."""
+    acc = np.zeros((group, blk), np.float64)
+    v32 = np.empty(blk, np.float32)
+    for j in range(max(jhi - jlo, 0)):
+        _v_row(v32, vb, cells[jlo + j], vo, kind_v, blk, qk)
+        for g in range(uint64(group)):
+            h = uint64(kh * group) + g
+            p = w[h, j] * inv[h]
+            if kind_v == KIND_F16:
+                p = _f16r(p)
+            elif kind_v == KIND_BF16:
+                p = _bf16r(p)
+            for d in range(uint64(blk)):
+                acc[g, d] += float64(p * v32[d])
+    for g in range(group):
+        h = kh * group + g
+        for d in range(blk):
+            out[t, h * head_dim + d0 + d] = float32(acc[g, d])
+
+
 @numba.njit(cache=True, nogil=True)
 def _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v):  # type: ignore[no-untyped-def]
     kh = h // (n_head // n_head_kv)
@@ -433,21 +625,27 @@ def _online_softmax(w, ms, big_s, group, length):  # type: ignore[no-untyped-def
     overwritten with vs, ms written, and big_s [group] = the sum S = S * ms + vs. They depend on K.Q alone,
     so they are taken apart from the V sums, whose vector code then runs without calls to expf."""
     for g in range(group):
-        big_m = float32(-np.inf)
-        total = float32(0.0)
-        for j in range(length):
-            s = w[g, j]
-            m = float32(1.0)
-            vs = float32(1.0)
-            if s > big_m:
-                m = float32(math.exp(big_m - s))
-                big_m = s
-            else:
-                vs = float32(math.exp(s - big_m))
-            ms[g, j] = m
-            w[g, j] = vs
-            total = total * m + vs
-        big_s[g] = total
+        big_s[g] = _online_softmax_row(w[g], ms[g], length)
+
+
+@numba.njit(cache=True, nogil=True)
+def _online_softmax_row(w, ms, length):  # type: ignore[no-untyped-def]
+    """``_online_softmax`` of one head's K.Q values w [length]: w becomes vs, ms written; returns S."""
+    big_m = float32(-np.inf)
+    total = float32(0.0)
+    for j in range(length):
+        s = w[j]
+        m = float32(1.0)
+        vs = float32(1.0)
+        if s > big_m:
+            m = float32(math.exp(big_m - s))
+            big_m = s
+        else:
+            vs = float32(math.exp(s - big_m))
+        ms[j] = m
+        w[j] = vs
+        total = total * m + vs
+    return total
 
 
 @numba.njit(cache=True, nogil=True)
