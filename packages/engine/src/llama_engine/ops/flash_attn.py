@@ -31,7 +31,7 @@ from ._intrinsics import bits_f32, f32_bits, round_f16, widen
 from .attention import FEW_JOBS, _softmax_sse2, phase_sizes, prepare_qkv
 from .expf import expf_sse2
 from .kv_dots import block_scores, block_values, head_dot, unpack_head
-from .products import round_up
+from .products import kqv_few, round_up
 from .tiles import TILE_COLS, TILE_LANES, tile_sums
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
 _Q_TILE, _KV_TILE = 64, 64  # GGML_FA_TILE_Q, GGML_FA_TILE_KV
 _F32_AS_F16 = 9  # flash attention casts an f32 K or V to f16 first (build_attn_mha's ggml_cast)
+_NO_VT = np.zeros((1, 1), np.uint16)  # ``_run_phased``'s typed V when its V sums do not read it
 _QK = 32  # the block types' block length, passed as a value (``kv_dots``: a constant would unvectorize)
 _BLOCK_BYTES = np.array([4, 2, 2, 34, 18, 20, 18, 22, 24, 4], np.int64)  # per value (floats) or per 32
 
@@ -174,10 +175,14 @@ def attention_typed(  # type: ignore[no-untyped-def]
     threads = numba.get_num_threads() if threads is None else threads
     if phased is None:
         phased = threads > 1 and n * n_head_kv < FEW_JOBS
+    # mul_mat(v, kq) on an f16 or f32 V: the register-tile product of the default kernel (``products``)
+    vt = vc.view(np.uint16) if vc.dtype == np.float16 else vc
+    if flash or kind_v not in (KIND_F16, KIND_F32):
+        vt = _NO_VT
     if phased and not tiled:
-        _run_phased(*args, _QK, threads, split)
+        _run_phased(*args, _QK, threads, split, vt)
     else:
-        _run(*args, tiled, _QK)
+        _run(*args, tiled, _QK, vt)
 
 
 def _ready(q: np.ndarray, n: int, nq: int, kind_k: int):  # type: ignore[no-untyped-def]
@@ -382,6 +387,7 @@ def _run(
     flash,
     tiled,
     qk,
+    vt,
 ):  # type: ignore[no-untyped-def]
     """One job per token and KV head (its query heads read each K and V row once), or per token and query
     head for the tiled kernel, in parallel: every row of q is computed on its own, as in ggml."""
@@ -404,7 +410,7 @@ def _run(
         else:
             _mha_rows(
                 out, qr, xq, xd, xs, xsum, kb, vb, cells, lo[t], hi[t], t, kh, n_head // n_head_kv, head_dim,
-                scale, kind_k, kind_v, qk,
+                scale, kind_k, kind_v, qk, vt,
             )  # fmt: skip
 
 
@@ -432,12 +438,15 @@ def _run_phased(
     qk,
     threads,
     split,
+    vt,
 ):  # type: ignore[no-untyped-def]
     """``_run``'s jobs (flash or not) when they are few, in three parallel phases of finer jobs that keep
     every thread busy: the K.Q values by token, KV head and run of cells; the softmax by token and query
     head; the V sums by token, KV head and part of the head's dimensions (``phase_sizes``). Each value is
     computed as in ``_flash_rows`` / ``_mha_rows``, by the same operations in the same order: only the jobs
-    are cut otherwise."""
+    are cut otherwise. Without flash attention an f16 or f32 V (``vt``: the layer as the default kernel takes
+    it, an f16 one as its uint16 bits) is summed by the default kernel's register tiles
+    (``products.kqv_few``), the very products and sums of ``_mha_values``."""
     group = n_head // n_head_kv
     span = 1
     for t in range(n):
@@ -495,7 +504,9 @@ def _run_phased(
         t, kh = tk // n_head_kv, tk % n_head_kv
         d0 = job % n_blk * blk
         vo = kh * _head_bytes(kind_v, head_dim) + _head_bytes(kind_v, d0)
-        if flash:
+        if not flash and kind_v in (KIND_F16, KIND_F32):
+            _tile_values(out, w[t], norm[t], vt, cells, lo, hi, t, kh, group, head_dim, d0, blk)
+        elif flash:
             _flash_values(
                 out,
                 w[t],
@@ -519,6 +530,24 @@ def _run_phased(
             _mha_values(
                 out, w[t], norm[t], vb, cells, lo[t], hi[t], t, kh, group, head_dim, d0, blk, vo, kind_v, qk
             )
+
+
+@numba.njit(cache=True, nogil=True)
+def _tile_values(out, w, inv, vt, cells, lo, hi, t, kh, group, head_dim, d0, blk):  # type: ignore[no-untyped-def]
+    """``_mha_values`` for an f16 or f32 V layer ``vt``, through ``products.kqv_few``: the probabilities
+    w * inv rounded to V's type, each product exact (f16) or rounded to float (f32), summed in double over
+    the cells in order."""
+    length = max(hi[t] - lo[t], 0)
+    wg = np.empty((group, max(length, 1)), np.float32)
+    ig = np.empty(group, np.float32)
+    for g in range(group):
+        ig[g] = inv[kh * group + g]
+        for j in range(length):
+            wg[g, j] = w[kh * group + g, j]
+    kqv = kqv_few(wg, ig, vt, cells, lo, hi, lo[t], length, t, group, kh * head_dim + d0, blk, group)
+    for g in range(group):
+        for d in range(blk):
+            out[t, (kh * group + g) * head_dim + d0 + d] = float32(kqv[g, d])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -650,11 +679,12 @@ def _online_softmax_row(w, ms, length):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def _mha_rows(
-    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v, qk
+    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v, qk, vt
 ):  # type: ignore[no-untyped-def]
     """mul_mat(k, q) -> soft_max_ext -> mul_mat(v, kq) for the rows of q of token t's query heads over KV
     head kh, as ``attention``: KQ scaled in float, ggml_v_expf softmax, the probabilities converted to V's
-    type, the products summed in double."""
+    type, the products summed in double (an f16 or f32 V through ``products.kqv_few`` on ``vt``, as
+    ``_tile_values``)."""
     ko, vo = kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
     length = max(jhi - jlo, 0)
     w = np.empty((group, max(length, 1)), np.float32)
@@ -667,6 +697,15 @@ def _mha_rows(
     inv = np.empty(group, np.float32)
     for g in range(group):
         inv[g] = _softmax_sse2(w[g], 0, length, mx[g])
+    if kind_v in (KIND_F16, KIND_F32):  # ``_tile_values``' register tiles: the same products and sums
+        rng = np.array([jlo, jhi], np.int64)
+        kqv = kqv_few(
+            w, inv, vt, cells, rng[:1], rng[1:], jlo, length, 0, group, kh * head_dim, head_dim, group
+        )
+        for g in range(group):
+            for d in range(head_dim):
+                out[t, (kh * group + g) * head_dim + d] = float32(kqv[g, d])
+        return
     acc = np.zeros((group, head_dim), np.float64)
     v32 = np.empty(head_dim, np.float32)
     for j in range(length):
