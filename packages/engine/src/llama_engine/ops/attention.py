@@ -31,7 +31,16 @@ from .products import kq_few, kq_many, kqv_few, kqv_many
 from .rope import rope_cols
 from .tiles import TILE_COLS
 
-__all__ = ["TILE_WIDTHS", "attend", "attention", "prepare_qkv", "tiles_for"]
+__all__ = [
+    "FEW_JOBS",
+    "TILE_WIDTHS",
+    "attend",
+    "attention",
+    "phase_sizes",
+    "prepare_qkv",
+    "softmax_row",
+    "tiles_for",
+]
 
 TILE_WIDTHS = (TILE_COLS, 8)  # the many-lane tiles' column counts the kernels are built for
 
@@ -283,12 +292,7 @@ def _attend_phased(
         b = bk // n_head_kv
         if a < geo[b, 2]:
             t = starts[b] + a // group
-            o = lo[t] - geo[b, 0]
-            mx = np.float32(-np.inf)
-            for j in range(o, o + hi[t] - lo[t]):
-                if w[bk, a, j] > mx:
-                    mx = w[bk, a, j]
-            inv[bk, a] = _softmax_sse2(w[bk, a], o, hi[t] - lo[t], mx)
+            inv[bk, a] = softmax_row(w[bk, a], lo[t] - geo[b, 0], hi[t] - lo[t])
     part_dim = head_dim // n_blk
     for job in prange(jobs * n_blk):
         bk = job // n_blk
@@ -336,6 +340,17 @@ def _token_blocks(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
             m += 1
     starts[m] = n
     return starts[: m + 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def softmax_row(w, o, length):  # type: ignore[no-untyped-def]
+    """``_softmax_sse2`` of w[o:o+length] from its maximum: the row becomes its exponentials; returns 1 / their
+    sum in float32 (ggml_soft_max_ext's row)."""
+    mx = np.float32(-np.inf)
+    for j in range(o, o + length):
+        if w[j] > mx:
+            mx = w[j]
+    return _softmax_sse2(w, o, length, mx)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -394,13 +409,7 @@ def _attention_job(job, out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n
     inv = np.empty(lanes, np.float32)
     for a in range(lanes):
         t = t0 + a // group
-        o = lo[t] - jlo
-        length = hi[t] - lo[t]
-        mx = np.float32(-np.inf)
-        for j in range(o, o + length):
-            if w[a, j] > mx:
-                mx = w[a, j]
-        inv[a] = _softmax_sse2(w[a], o, length, mx)
+        inv[a] = softmax_row(w[a], lo[t] - jlo, hi[t] - lo[t])
     if tiled:
         kqv = kqv_many(w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, cols)
     else:  # few lanes: the dimensions are the register tile's lanes

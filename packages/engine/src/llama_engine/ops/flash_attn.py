@@ -28,7 +28,7 @@ from numba import float32, float64, prange, uint64
 from llama_quant.kernels.act import quantize_q8
 
 from ._intrinsics import bits_f32, f32_bits, round_f16, widen
-from .attention import FEW_JOBS, _softmax_sse2, phase_sizes, prepare_qkv
+from .attention import FEW_JOBS, phase_sizes, prepare_qkv, softmax_row
 from .expf import expf_sse2
 from .kv_dots import block_scores, block_values, head_dot, unpack_head
 from .products import kqv_few, round_up
@@ -493,11 +493,7 @@ def _run_phased(
         if flash:
             norm[t, h] = _online_softmax_row(w[t, h], ms[t, h], length)
         else:
-            mx = float32(-np.inf)
-            for j in range(length):
-                if w[t, h, j] > mx:
-                    mx = w[t, h, j]
-            norm[t, h] = _softmax_sse2(w[t, h], 0, length, mx)
+            norm[t, h] = softmax_row(w[t, h], 0, length)
     blk = head_dim // n_blk
     for job in prange(n * n_head_kv * n_blk):
         tk = job // n_blk
@@ -689,14 +685,9 @@ def _mha_rows(
     length = max(jhi - jlo, 0)
     w = np.empty((group, max(length, 1)), np.float32)
     _scores(w, qr, xq, xd, xs, xsum, kb, cells, jlo, length, ko, t, kh, group, head_dim, scale, kind_k, qk)
-    mx = np.full(group, -np.inf, np.float32)
-    for g in range(group):
-        for j in range(length):
-            if w[g, j] > mx[g]:
-                mx[g] = w[g, j]
     inv = np.empty(group, np.float32)
     for g in range(group):
-        inv[g] = _softmax_sse2(w[g], 0, length, mx[g])
+        inv[g] = softmax_row(w[g], 0, length)
     if kind_v in (KIND_F16, KIND_F32):  # ``_tile_values``' register tiles: the same products and sums
         rng = np.array([jlo, jhi], np.int64)
         kqv = kqv_few(
