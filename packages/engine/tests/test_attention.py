@@ -95,6 +95,15 @@ def test_phased_jobs_equal_whole_ones(
         np.testing.assert_array_equal(phased, whole)
 
 
+def test_no_tokens_no_jobs() -> None:
+    """A batch without tokens has no jobs to cut: nothing is written, nothing fails."""
+    k = v = np.ones((4, 64), np.float16)
+    out = np.full((1, 128), 7.0, np.float32)
+    no = np.zeros(0, np.int32)
+    ops.attention(out[:0], out[:0], k, v, np.arange(4, dtype=np.int32), no, no, 0, 2, 1, 64, 0.125, threads=2)
+    assert (out == 7.0).all()
+
+
 def test_f16_cache_rounds_queries_and_probabilities() -> None:
     """With f16 K/V, q and the probabilities are rounded to f16 (ggml converts mul_mat's src1 to the
     weights' vec_dot type): the result is the f32-cache result on those rounded operands."""

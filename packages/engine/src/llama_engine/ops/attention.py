@@ -136,7 +136,7 @@ def _attend_jobs(
     than one thread (``split``: ``phase_sizes``' argument)."""
     starts = _token_blocks(lo, hi, n)
     jobs = (len(starts) - 1) * n_head_kv
-    if threads > 1 and jobs < FEW_JOBS:
+    if threads > 1 and 0 < jobs < FEW_JOBS:
         _attend_phased(
             out, q, kc, vc, cells, lo, hi, starts, n_head, n_head_kv, head_dim, kq_scale, cols, threads, split
         )

@@ -174,12 +174,12 @@ def attention_typed(  # type: ignore[no-untyped-def]
     )  # fmt: skip
     threads = numba.get_num_threads() if threads is None else threads
     if phased is None:
-        phased = threads > 1 and n * n_head_kv < FEW_JOBS
+        phased = threads > 1 and 0 < n * n_head_kv < FEW_JOBS
     # mul_mat(v, kq) on an f16 or f32 V: the register-tile product of the default kernel (``products``)
     vt = vc.view(np.uint16) if vc.dtype == np.float16 else vc
     if flash or kind_v not in (KIND_F16, KIND_F32):
         vt = _NO_VT
-    if phased and not tiled:
+    if phased and not tiled and n > 0:
         _run_phased(*args, _QK, threads, split, vt)
     else:
         _run(*args, tiled, _QK, vt)
