@@ -444,7 +444,8 @@ class DecoderModel:
         attend: Any = ops.attend
         typed: tuple[Any, ...] = ()
         if pool.typed_attention:  # flash attention, or a bf16 / block-type cache (ops.flash_attn)
-            attend, typed = ops.attend_typed, (*pool.attention_kinds, pool.store(il))
+            typed = (numba.get_num_threads(), *pool.attention_kinds, pool.store(il))
+            attend = ops.attend_typed
         attend(
             ws.attn.x,
             ws.qkv,
@@ -471,7 +472,6 @@ class DecoderModel:
             self.rope_mode,
             *self._scales,
             self._tile_cols,
-            numba.get_num_threads(),
             *typed,
         )
         if self.collector is not None:

@@ -33,6 +33,7 @@ from .tiles import TILE_COLS
 
 __all__ = [
     "FEW_JOBS",
+    "PHASED_TOKENS",
     "TILE_WIDTHS",
     "attend",
     "attention",
@@ -64,22 +65,17 @@ def attention(
     head_dim: int,
     scale: float,
     tile_cols: int | None = None,
-    threads: int | None = None,
-    split: int = 0,
 ) -> None:
     """Attention (the module doc) of q [n, n_head * head_dim] over k, v [n_cells, n_head_kv * head_dim]
     (float16 or float32) into out [n, n_head * head_dim]; ``tile_cols`` (4 or 8) defaults to the host's
-    kernel set's; ``threads`` (numba's thread count) and ``split`` choose how few jobs are cut
-    (``phase_sizes``; 1 thread: not at all). The numbers are the same whatever they are."""
+    kernel set's."""
     cols = tiles_for(resolve_kernel_set(None)) if tile_cols is None else tile_cols
     if cols not in TILE_WIDTHS:
         raise ValueError(f"tile_cols must be one of {TILE_WIDTHS}, got {cols}")
     kc, vc = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (k, v))
     qq = np.empty_like(q)
     _ready_q(qq, q, 0, n, q.shape[1], np.float32(1.0), kc)
-    threads = numba.get_num_threads() if threads is None else threads
-    args = (out, qq, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, np.float32(scale), cols)
-    _attend_jobs(*args, threads, split)
+    _attend_ready(out, qq, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, np.float32(scale), cols)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -110,14 +106,12 @@ def attend(  # type: ignore[no-untyped-def]
     q_scale,
     kq_scale,
     cols,
-    threads,
 ):
     """A layer's attention from its fused product qkv [n, (n_head + 2 * n_head_kv) * head_dim] (q | k | v),
     in the graph's order: the biases bq, bk, bv, the per-head norms q_norm, k_norm (each skipped when
     empty), RoPE on q and k, q times ``q_scale`` into the scratch q [n, n_head * head_dim] (rounded to f16
     for an f16 K cache), k and v stored in the cache layer at ``new_cells`` (kc / vc: float32, or an f16
-    cache's uint16 view), then ``attention`` with ``kq_scale`` into out, on ``threads`` threads (numba's
-    count: where the jobs are few, they are cut finer for them). qkv is overwritten."""
+    cache's uint16 view), then ``attention`` with ``kq_scale`` into out. qkv is overwritten."""
     nq, nk = n_head * head_dim, n_head_kv * head_dim
     prepare_qkv(
         qkv, bq, bk, bv, q_norm, k_norm, eps, pos, table, n, n_head, n_head_kv, head_dim, rope_dims, mode
@@ -125,50 +119,7 @@ def attend(  # type: ignore[no-untyped-def]
     _ready_q(q, qkv, 0, n, nq, q_scale, kc)
     store_rows(kc, new_cells, qkv, nq, nk)
     store_rows(vc, new_cells, qkv, nq + nk, nk)
-    _attend_jobs(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols, threads, 0)
-
-
-@numba.njit(cache=True, nogil=True)
-def _attend_jobs(
-    out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols, threads, split
-):  # type: ignore[no-untyped-def]
-    """``_attend_ready``, or ``_attend_phased`` where its jobs are fewer than ``FEW_JOBS`` and there is more
-    than one thread (``split``: ``phase_sizes``' argument)."""
-    starts = _token_blocks(lo, hi, n)
-    jobs = (len(starts) - 1) * n_head_kv
-    if threads > 1 and 0 < jobs < FEW_JOBS:
-        _attend_phased(
-            out, q, kc, vc, cells, lo, hi, starts, n_head, n_head_kv, head_dim, kq_scale, cols, threads, split
-        )
-    else:
-        _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols)
-
-
-# Fewer jobs than this (decoding: SmolLM2 has 3 KV heads, Gemma 3 one) leave threads idle: they run in phases
-# cut finer (``_attend_phased``, ``flash_attn._run_phased``).
-FEW_JOBS = 16
-_MIN_SPLIT = 16  # the fewest cells of a phased K.Q job
-
-
-@numba.njit(cache=True, nogil=True)
-def phase_sizes(jobs, span, head_dim, threads, split):  # type: ignore[no-untyped-def]
-    """(cells per K.Q job, V jobs per job) for ``jobs`` (token block, KV head) jobs over at most ``span``
-    cells: K.Q jobs at least 4 per thread (of at least ``_MIN_SPLIT`` cells; ``split`` > 0: that many), their
-    count a multiple of the thread count; the V sums by whole heads unless those are fewer than the threads,
-    then by parts of 32k values (a narrower job repeats the per-cell work: decoding a row's scales, setting
-    up the loops)."""
-    if split <= 0:
-        n_split = (4 * threads + jobs - 1) // jobs
-        while jobs * n_split % threads:
-            n_split += 1
-        split = max((span + n_split - 1) // n_split, _MIN_SPLIT)
-    n32 = head_dim // 32 if head_dim % 32 == 0 else 1
-    n_blk = 1
-    while jobs * n_blk < threads and n_blk < n32:
-        n_blk += 1
-        while n32 % n_blk:
-            n_blk += 1
-    return split, n_blk
+    _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -246,83 +197,35 @@ def _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim,
         )
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _attend_phased(
-    out, q, kc, vc, cells, lo, hi, starts, n_head, n_head_kv, head_dim, kq_scale, cols, threads, split
-):  # type: ignore[no-untyped-def]
-    """``_attend_ready``'s jobs (``_attention_job``: a token block and a KV head) when they are few, in three
-    parallel phases of finer jobs: K.Q by job and run of cells, the softmax by job and lane, the KQV sums by
-    job and part of the head's dimensions (``phase_sizes``). Every value is computed by the same operations
-    in the same order as there: only the work is cut otherwise."""
-    group = n_head // n_head_kv
-    n_blocks = len(starts) - 1
-    jobs = n_blocks * n_head_kv
-    geo = np.empty((n_blocks, 3), np.int64)  # a block's first cell index, its span of cells, its lanes
-    max_span, max_lanes = 1, 1
-    for b in range(n_blocks):
-        t0, t1 = starts[b], starts[b + 1]
-        jlo, jhi = lo[t0], hi[t0]
-        for t in range(t0, t1):
-            jlo = min(jlo, lo[t])
-            jhi = max(jhi, hi[t])
-        geo[b, 0], geo[b, 1], geo[b, 2] = jlo, max(jhi - jlo, 0), (t1 - t0) * group
-        max_span, max_lanes = max(max_span, geo[b, 1]), max(max_lanes, geo[b, 2])
-    split, n_blk = phase_sizes(jobs, max_span, head_dim, threads, split)
-    n_split = (max_span + split - 1) // split
-    w = np.empty((jobs, max_lanes, max_span), np.float32)
-    inv = np.empty((jobs, max_lanes), np.float32)
-    for job in prange(jobs * n_split):
-        bk = job // n_split
-        b, kh = bk // n_head_kv, bk % n_head_kv
-        jlo, span, lanes = geo[b, 0], geo[b, 1], geo[b, 2]
-        c0 = job % n_split * split
-        m = min(split, span - c0)
-        if m > 0:
-            qt = _lanes_of(q, starts[b], lanes // group, group, kh, head_dim)
-            part = np.empty((lanes, m), np.float32)
-            if lanes >= _MANY_LANES and head_dim % cols == 0:
-                kq_many(part, qt, kc, cells, jlo + c0, m, kh * head_dim, head_dim, lanes, kq_scale, cols)
-            else:
-                kq_few(part, qt, kc, cells, jlo + c0, m, kh * head_dim, head_dim, lanes, kq_scale)
-            for a in range(lanes):
-                for j in range(m):
-                    w[bk, a, c0 + j] = part[a, j]
-    for job in prange(jobs * max_lanes):
-        bk, a = job // max_lanes, job % max_lanes
-        b = bk // n_head_kv
-        if a < geo[b, 2]:
-            t = starts[b] + a // group
-            inv[bk, a] = softmax_row(w[bk, a], lo[t] - geo[b, 0], hi[t] - lo[t])
-    part_dim = head_dim // n_blk
-    for job in prange(jobs * n_blk):
-        bk = job // n_blk
-        b, kh = bk // n_head_kv, bk % n_head_kv
-        jlo, span, lanes = geo[b, 0], geo[b, 1], geo[b, 2]
-        t0, d0 = starts[b], job % n_blk * part_dim
-        ko = kh * head_dim + d0
-        if lanes >= _MANY_LANES and part_dim % cols == 0:
-            kqv = kqv_many(w[bk], inv[bk], vc, cells, lo, hi, jlo, span, t0, group, ko, part_dim, lanes, cols)
-        else:
-            kqv = kqv_few(w[bk], inv[bk], vc, cells, lo, hi, jlo, span, t0, group, ko, part_dim, lanes)
-        for a in range(lanes):
-            qo = (kh * group + a % group) * head_dim + d0
-            for d in range(part_dim):
-                out[t0 + a // group, qo + d] = np.float32(kqv[a, d])
+_MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vector dimension
+
+# Fewer (token, KV head) jobs than this (decoding: SmolLM2 has 3 KV heads, Gemma 3 one) leave threads idle: the
+# typed kernels then run in phases cut finer (``flash_attn._run_phased``), for batches of at most
+# PHASED_TOKENS tokens (a prompt chunk keeps the whole jobs, so the warm-up's prompt pass compiles them).
+FEW_JOBS = 16
+PHASED_TOKENS = 8
+_MIN_SPLIT = 16  # the fewest cells of a phased K.Q job
 
 
 @numba.njit(cache=True, nogil=True)
-def _lanes_of(q, t0, nt, group, kh, head_dim):  # type: ignore[no-untyped-def]
-    """qt [head_dim, nt * group]: lane i * group + g is token t0 + i's query head kh * group + g."""
-    qt = np.empty((head_dim, nt * group), np.float32)
-    for i in range(nt):
-        for g in range(group):
-            qo = (kh * group + g) * head_dim
-            for d in range(head_dim):
-                qt[d, i * group + g] = q[t0 + i, qo + d]
-    return qt
-
-
-_MANY_LANES = 8  # from this many (token, head) lanes on, the lanes are the vector dimension
+def phase_sizes(jobs, span, head_dim, threads, split):  # type: ignore[no-untyped-def]
+    """(cells per K.Q job, V jobs per job) for ``jobs`` (token, KV head) jobs over at most ``span`` cells: K.Q
+    jobs at least 4 per thread (of at least ``_MIN_SPLIT`` cells; ``split`` > 0: that many), their count a
+    multiple of the thread count; the V sums by whole heads unless those are fewer than the threads, then by
+    parts of 32k values (a narrower job repeats the per-cell work: decoding a row's scales, setting up the
+    loops)."""
+    if split <= 0:
+        n_split = (4 * threads + jobs - 1) // jobs
+        while jobs * n_split % threads:
+            n_split += 1
+        split = max((span + n_split - 1) // n_split, _MIN_SPLIT)
+    n32 = head_dim // 32 if head_dim % 32 == 0 else 1
+    n_blk = 1
+    while jobs * n_blk < threads and n_blk < n32:
+        n_blk += 1
+        while n32 % n_blk:
+            n_blk += 1
+    return split, n_blk
 
 
 _TOKEN_BLOCK = 8
@@ -399,7 +302,13 @@ def _attention_job(job, out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n
         jhi = max(jhi, hi[t0 + i])
     span = max(jhi - jlo, 0)
     ko = kh * head_dim
-    qt = _lanes_of(q, t0, nt, group, kh, head_dim)
+    # lane = i * group + g: token t0 + i, query head kh * group + g
+    qt = np.empty((head_dim, lanes), np.float32)
+    for i in range(nt):
+        for g in range(group):
+            qo = (kh * group + g) * head_dim
+            for d in range(head_dim):
+                qt[d, i * group + g] = q[t0 + i, qo + d]
     w = np.empty((lanes, span), np.float32)
     tiled = lanes >= _MANY_LANES and head_dim % cols == 0
     if tiled:

@@ -28,7 +28,7 @@ from numba import float32, float64, prange, uint64
 from llama_quant.kernels.act import quantize_q8
 
 from ._intrinsics import bits_f32, f32_bits, round_f16, widen
-from .attention import FEW_JOBS, phase_sizes, prepare_qkv, softmax_row
+from .attention import FEW_JOBS, PHASED_TOKENS, phase_sizes, prepare_qkv, softmax_row
 from .expf import expf_sse2
 from .kv_dots import block_scores, block_values, head_dot, unpack_head
 from .products import kqv_few, round_up
@@ -155,8 +155,9 @@ def attention_typed(  # type: ignore[no-untyped-def]
     (any storage: read as raw bytes) into out [n, n_head * head_dim]; ``flash``: flash attention.
     ``phased``: run ``_run_phased`` (``threads``, default numba's count, and ``split``:
     ``attention.phase_sizes``' arguments) or ``_run``; None:
-    phased when the (token, KV head) jobs are fewer than ``attention.FEW_JOBS`` and there is more than one
-    thread (the tiled kernel never is). The numbers are the same."""
+    phased when the (token, KV head) jobs are fewer than ``attention.FEW_JOBS``, the tokens at most
+    ``attention.PHASED_TOKENS`` and there is more than one thread (the tiled kernel never is). The numbers
+    are the same."""
     nq = n_head * head_dim
     if flash:
         kind_k = _F32_AS_F16 if kind_k == KIND_F32 else kind_k
@@ -174,7 +175,7 @@ def attention_typed(  # type: ignore[no-untyped-def]
     )  # fmt: skip
     threads = numba.get_num_threads() if threads is None else threads
     if phased is None:
-        phased = threads > 1 and 0 < n * n_head_kv < FEW_JOBS
+        phased = threads > 1 and 0 < n <= PHASED_TOKENS and n * n_head_kv < FEW_JOBS
     # mul_mat(v, kq) on an f16 or f32 V: the register-tile product of the default kernel (``products``)
     vt = vc.view(np.uint16) if vc.dtype == np.float16 else vc
     if flash or kind_v not in (KIND_F16, KIND_F32):
