@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-import numba
 import numpy as np
 
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
@@ -444,8 +443,7 @@ class DecoderModel:
         attend: Any = ops.attend
         typed: tuple[Any, ...] = ()
         if pool.typed_attention:  # flash attention, or a bf16 / block-type cache (ops.flash_attn)
-            typed = (numba.get_num_threads(), *pool.attention_kinds, pool.store(il))
-            attend = ops.attend_typed
+            attend, typed = ops.attend_typed, (*pool.attention_kinds, pool.store(il))
         attend(
             ws.attn.x,
             ws.qkv,

@@ -79,7 +79,6 @@ def attend_typed(  # type: ignore[no-untyped-def]
     q_scale,
     kq_scale,
     cols,
-    threads,
     kind_k,
     kind_v,
     flash,
@@ -103,9 +102,8 @@ def attend_typed(  # type: ignore[no-untyped-def]
         fwht_rows(qkv, n, nq + nk, nk, rot_v)
     store(new_cells, qkv[:n, nq : nq + nk], qkv[:n, nq + nk : nq + 2 * nk])
     attention_typed(
-        out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash,
-        threads=threads,
-    )  # fmt: skip
+        out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash
+    )
     if rot_v:
         fwht_rows(out, n, 0, nq, rot_v)
 
@@ -531,9 +529,8 @@ def _run_phased(
 
 @numba.njit(cache=True, nogil=True)
 def _tile_values(out, w, inv, vt, cells, lo, hi, t, kh, group, head_dim, d0, blk):  # type: ignore[no-untyped-def]
-    """``_mha_values`` for an f16 or f32 V layer ``vt``, through ``products.kqv_few``: the probabilities
-    w * inv rounded to V's type, each product exact (f16) or rounded to float (f32), summed in double over
-    the cells in order."""
+    """``_mha_values`` for an f16 or f32 V layer ``vt`` (w, inv: [n_head, .]): ``_tile_sums_out`` on the
+    rows of KV head kh's query heads."""
     length = max(hi[t] - lo[t], 0)
     wg = np.empty((group, max(length, 1)), np.float32)
     ig = np.empty(group, np.float32)
@@ -541,7 +538,17 @@ def _tile_values(out, w, inv, vt, cells, lo, hi, t, kh, group, head_dim, d0, blk
         ig[g] = inv[kh * group + g]
         for j in range(length):
             wg[g, j] = w[kh * group + g, j]
-    kqv = kqv_few(wg, ig, vt, cells, lo, hi, lo[t], length, t, group, kh * head_dim + d0, blk, group)
+    _tile_sums_out(out, wg, ig, vt, cells, lo[t], length, t, kh, group, head_dim, d0, blk)
+
+
+@numba.njit(cache=True, nogil=True)
+def _tile_sums_out(out, w, inv, vt, cells, jlo, length, t, kh, group, head_dim, d0, blk):  # type: ignore[no-untyped-def]
+    """mul_mat(v, kq) for an f16 or f32 V layer ``vt`` through the default kernel's register tiles
+    (``products.kqv_few``): the probabilities w [group, length] * inv [group] rounded to V's type, each
+    product exact (f16) or rounded to float (f32), summed in double over the cells from jlo in order; into
+    token t's query heads of KV head kh, dimensions d0 .. d0 + blk."""
+    rng = np.array([jlo, jlo + length], np.int64)  # every cell is the lanes' own (kqv_few's range check)
+    kqv = kqv_few(w, inv, vt, cells, rng[:1], rng[1:], jlo, length, 0, group, kh * head_dim + d0, blk, group)
     for g in range(group):
         for d in range(blk):
             out[t, (kh * group + g) * head_dim + d0 + d] = float32(kqv[g, d])
@@ -575,21 +582,18 @@ def _flash_values(out, w, ms, big_s, vb, cells, jlo, jhi, t, kh, group, head_dim
 
 @numba.njit(cache=True, nogil=True)
 def _mha_values(out, w, inv, vb, cells, jlo, jhi, t, kh, group, head_dim, d0, blk, vo, kind_v, qk):  # type: ignore[no-untyped-def]
-    """``_mha_rows``' KQV sums for dimensions d0 .. d0 + blk of token t's query heads over KV head kh (w:
-    the softmax's exponentials, inv: 1 / their sum, [n_head, .]); vo: byte offset of dimension d0."""
+    """``_mha_rows``' KQV sums for a bf16 V (f16 and f32: ``_tile_values``), dimensions d0 .. d0 + blk of
+    token t's query heads over KV head kh (w: the softmax's exponentials, inv: 1 / their sum, [n_head, .]);
+    vo: byte offset of dimension d0."""
     acc = np.zeros((group, blk), np.float64)
     v32 = np.empty(blk, np.float32)
     for j in range(max(jhi - jlo, 0)):
         _v_row(v32, vb, cells[jlo + j], vo, kind_v, blk, qk)
         for g in range(uint64(group)):
             h = uint64(kh * group) + g
-            p = w[h, j] * inv[h]
-            if kind_v == KIND_F16:
-                p = _f16r(p)
-            elif kind_v == KIND_BF16:
-                p = _bf16r(p)
+            p = _bf16r(w[h, j] * inv[h])
             for d in range(uint64(blk)):
-                acc[g, d] += float64(p * v32[d])
+                acc[g, d] += float64(p * v32[d])  # bf16 products are exact in float
     for g in range(group):
         h = kh * group + g
         for d in range(blk):
@@ -680,8 +684,8 @@ def _mha_rows(
 ):  # type: ignore[no-untyped-def]
     """mul_mat(k, q) -> soft_max_ext -> mul_mat(v, kq) for the rows of q of token t's query heads over KV
     head kh, as ``attention``: KQ scaled in float, ggml_v_expf softmax, the probabilities converted to V's
-    type, the products summed in double (an f16 or f32 V through ``products.kqv_few`` on ``vt``, as
-    ``_tile_values``)."""
+    type, the products summed in double (an f16 or f32 V through ``_tile_sums_out`` on ``vt``; a block-type
+    V needs flash attention, so the per-element loop sees a bf16 V only)."""
     ko, vo = kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
     length = max(jhi - jlo, 0)
     w = np.empty((group, max(length, 1)), np.float32)
@@ -689,27 +693,17 @@ def _mha_rows(
     inv = np.empty(group, np.float32)
     for g in range(group):
         inv[g] = softmax_row(w[g], 0, length)
-    if kind_v in (KIND_F16, KIND_F32):  # ``_tile_values``' register tiles: the same products and sums
-        rng = np.array([jlo, jhi], np.int64)
-        kqv = kqv_few(
-            w, inv, vt, cells, rng[:1], rng[1:], jlo, length, 0, group, kh * head_dim, head_dim, group
-        )
-        for g in range(group):
-            for d in range(head_dim):
-                out[t, (kh * group + g) * head_dim + d] = float32(kqv[g, d])
+    if kind_v in (KIND_F16, KIND_F32):  # the register tiles: the same products and sums
+        _tile_sums_out(out, w, inv, vt, cells, jlo, length, t, kh, group, head_dim, 0, head_dim)
         return
     acc = np.zeros((group, head_dim), np.float64)
     v32 = np.empty(head_dim, np.float32)
     for j in range(length):
         _v_row(v32, vb, cells[jlo + j], vo, kind_v, head_dim, qk)
         for g in range(uint64(group)):
-            p = w[g, j] * inv[g]
-            if kind_v == KIND_F16:
-                p = _f16r(p)
-            elif kind_v == KIND_BF16:
-                p = _bf16r(p)
+            p = _bf16r(w[g, j] * inv[g])  # a bf16 V: f16 and f32 took the register tiles above
             for d in range(uint64(head_dim)):
-                acc[g, d] += float64(p * v32[d])  # f16/bf16 products are exact in float; f32 ones rounded
+                acc[g, d] += float64(p * v32[d])  # bf16 products are exact in float
     for g in range(group):
         qo = (kh * group + g) * head_dim
         for d in range(head_dim):
