@@ -137,3 +137,35 @@ def test_written_file_reads_back_in_gguf_py(smollm2_path: str, tmp_path: Path) -
             assert np.array_equal(np.asarray(t.data).view(np.uint8).reshape(-1), src.tensor_bytes(t.name))
     f16 = ref.tensors[3]
     assert list(f16.shape) == [4, 2] and np.array_equal(f16.data.reshape(-1), np.arange(8, dtype=np.float16))
+
+
+def _mapped_rss_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                ours = len(head) > 5 and head[5] == path
+            elif ours and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc")
+def test_release_drops_resident_pages_and_keeps_views_valid(smollm2_path: str) -> None:
+    path = str(Path(smollm2_path).resolve())
+    with gguf_io.open(path) as f:
+        name = max(f.tensors, key=lambda n: f.tensors[n].nbytes)
+        view = f.tensor_bytes(name)
+        digest = hashlib.sha256(view).hexdigest()  # touches every page of the tensor
+        before = _mapped_rss_kib(path)
+        f.release(name)
+        after = _mapped_rss_kib(path)
+        assert before - after >= view.nbytes // 1024 - 8  # all its pages, bar the two shared at its ends
+        assert hashlib.sha256(view).hexdigest() == digest  # read back from the file
+        f.release()
+        assert _mapped_rss_kib(path) < 64
+        with pytest.raises(KeyError):
+            f.release("no such tensor")
+    f.release(name)  # a closed file: nothing to drop

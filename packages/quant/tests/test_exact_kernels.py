@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from exact_cases import ACT_KINDS, TYPES, make_acts, weights
 from gguf import GGMLQuantizationType as T
-from iq_cases import IQ_TYPES
+from iq_cases import IQ_TYPES, iq_weights
 
 import llama_quant
 from llama_quant.cpu import KernelSet, host_kernel_set
@@ -167,6 +167,33 @@ def test_stacked_rows_equal_each_matrix(parts: list[T]) -> None:
         part = ExactMatrix(raw, qtype, rows, cols).matmul(x)
         assert _same(full[:, r0 : r0 + rows], part) and _same(one[r0 : r0 + rows], part[2])
         r0 += rows
+
+
+@pytest.mark.parametrize("kernels", KERNEL_SETS, ids=_ids)
+@pytest.mark.parametrize("qtype", sorted(SUPPORTED_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
+def test_chunked_repacking_equals_the_whole_matrix(
+    qtype: T, kernels: KernelSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A matrix repacked a chunk of tiles at a time (to bound the load's temporaries) holds the very arrays
+    of one repack of all its rows, whatever the chunk, with a last tile part-filled; its products too."""
+    from llama_quant.kernels import matrix
+
+    rows, cols = 64 * 5 + 23, 512
+    raw = weights(qtype, rows, cols, seed=3) if qtype in TYPES else iq_weights(qtype, rows, cols, seed=3)
+    spec = matrix._SPECS[kernels][qtype]
+    whole = spec.pack(raw.reshape(rows, -1), rows, cols)
+    row_bytes = raw.size // rows
+    x = make_acts("mixed", 3, cols, seed=5)
+    reference = ExactMatrix(raw, qtype, rows, cols, kernels=kernels).matmul(x)
+    for tiles in (1, 2, 4):
+        monkeypatch.setattr(matrix, "PACK_CHUNK_BYTES", tiles * 64 * row_bytes)
+        chunked = matrix._pack_by_chunks(spec.pack, raw.reshape(rows, -1), rows, cols)
+        assert len(chunked) == len(whole)
+        for a, b in zip(chunked, whole, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert a.tobytes() == b.tobytes()
+        m = ExactMatrix(raw, qtype, rows, cols, kernels=kernels)
+        assert _same(m.matmul(x), reference)
 
 
 def test_stacked_refuses_other_kernels_and_bad_sizes() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 from functools import cached_property
@@ -127,6 +128,30 @@ class GGUFFile:
         if t.nbytes == 0 or mm is None:
             return np.zeros(0, dtype=np.uint8)
         return np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def release(self, name: str | None = None) -> None:
+        """Drop the file pages of tensor `name` (of every tensor: None) from this process's resident memory,
+        for a caller that has copied the data out (madvise MADV_DONTNEED; nothing where mmap lacks it).
+        Views stay valid: a page touched again is read back from the file. Pages shared with a neighbouring
+        tensor are dropped too, and come back the same way."""
+        if self._closed:
+            return
+        spans: list[tuple[mmap.mmap | None, int, int]]
+        if name is None:
+            spans = [(shard.mm, 0, len(shard.mm)) for shard in self._shards if shard.mm is not None]
+        else:
+            t = self.tensors.get(name)
+            if t is None:
+                raise KeyError(f"no tensor named {name!r} in {self.path}")
+            spans = [(self._shards[t.shard].mm, t.offset, t.nbytes)]
+        for mm, start, nbytes in spans:
+            if mm is None or nbytes == 0 or not hasattr(mm, "madvise"):
+                continue
+            page = mmap.PAGESIZE
+            first = start // page * page
+            end = min(len(mm), -(-(start + nbytes) // page) * page)
+            with contextlib.suppress(OSError, ValueError):  # a closed mapping, or one madvise refuses
+                mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     @cached_property
     def metadata(self) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -202,7 +201,9 @@ class DecoderModel:
         if len(t.shape) != 2:
             raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected a matrix")
         args = (self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
-        return ExactMatrix(*args, kernels=self.kernels) if _MATRIX_KERNELS else ExactMatrix(*args)
+        m = ExactMatrix(*args, kernels=self.kernels) if _MATRIX_KERNELS else ExactMatrix(*args)
+        self._gguf.release(name)  # repacked: the file's pages need not stay resident while the rest loads
+        return m
 
     def stacked(self, names: list[str]) -> ExactMatrix | None:
         """The matrices ``names`` stacked by rows into one (a single kernel launch for all of them, the same
@@ -220,8 +221,13 @@ class DecoderModel:
             if t is not None
         ]
         if _MATRIX_KERNELS:
-            return ExactMatrix.stacked(parts, cols.pop(), kernels=self.kernels)
-        return ExactMatrix.stacked(parts, cols.pop())
+            m = ExactMatrix.stacked(parts, cols.pop(), kernels=self.kernels)
+        else:
+            m = ExactMatrix.stacked(parts, cols.pop())
+        if m is not None:
+            for n in names:
+                self._gguf.release(n)
+        return m
 
     def vec(self, name: str) -> np.ndarray:
         """A weight vector (norm weights, biases) as float32, copied out of the mmap."""
@@ -276,10 +282,7 @@ class DecoderModel:
 
     def _release_pages(self) -> None:
         """Weights now live repacked in memory: drop the file pages we touched from resident memory."""
-        for path_mm in getattr(self._gguf, "_shards", []):
-            mm = path_mm.mm
-            if mm is not None and hasattr(mm, "madvise"):
-                mm.madvise(mmap.MADV_DONTNEED)
+        self._gguf.release()
 
     # -- cache -------------------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType as T
 from ..cpu import KernelSet, resolve_kernel_set
 from . import act, blocks32, floats, halves, iquants, klanes, kquants, pairs, quads
 from ._ir import f16_scales
+from ._tiles import TILE_ROWS, n_tiles
 from .ref import vec_dot_type
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ __all__ = ["SUPPORTED_TYPES", "Activations", "ExactMatrix"]
 
 _PARALLEL_ROWS = 8  # from this many tokens on, activations are quantized on all threads
 _NEVER = 1 << 62  # a token count no call reaches
+# Raw bytes of the rows repacked (or widened) at a time: the repacking's numpy temporaries stay a few times
+# this, so loading on many threads keeps little freed memory in their allocator arenas, and a large matrix
+# (a 262k-token output) never has several whole-size copies alive at once.
+PACK_CHUNK_BYTES = 1 << 18
 
 
 class Activations:
@@ -297,6 +302,54 @@ def _raw_bytes(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
     return flat
 
 
+def _chunk_rows(row_bytes: int) -> int:
+    """Rows of ``row_bytes`` each repacked at a time: whole tiles, about ``PACK_CHUNK_BYTES``."""
+    return max(1, PACK_CHUNK_BYTES // (row_bytes * TILE_ROWS)) * TILE_ROWS
+
+
+def _pack_by_chunks(
+    pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]], raw: np.ndarray, rows: int, cols: int
+) -> tuple[np.ndarray, ...]:
+    """``pack(raw, rows, cols)``, built a chunk of whole tiles at a time into arrays allocated once.
+
+    Every layout is tile-major: each array's first axis is the tiles of 64 rows (the last one
+    zero-padded), and a tile's bytes depend on its own rows only, so the chunks' arrays laid end to end
+    along that axis are the whole matrix's. An array without that axis (an empty placeholder) is kept from
+    the first chunk. Each array starts on a 64-byte boundary, as ``quads`` wants its rows (their length a
+    multiple of 64 bytes)."""
+    step = _chunk_rows(raw.shape[1])
+    if rows <= step:
+        return pack(raw, rows, cols)
+    first = pack(raw[:step], step, cols)
+    g_step = step // TILE_ROWS
+    out = []
+    for a in first:
+        if a.ndim == 0 or a.shape[0] != g_step:
+            if a.size:
+                raise AssertionError(f"a layout array of shape {a.shape} is not tile-major")
+            out.append(a)
+            continue
+        b = _aligned_empty((n_tiles(rows), *a.shape[1:]), a.dtype)
+        b[:g_step] = a
+        out.append(b)
+    del first
+    for r in range(step, rows, step):
+        n = min(step, rows - r)
+        g0 = r // TILE_ROWS
+        for b, a in zip(out, pack(raw[r : r + n], n, cols), strict=True):
+            if b.size:
+                b[g0 : g0 + len(a)] = a
+    return tuple(out)
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array whose data starts on a 64-byte boundary."""
+    size = math.prod(shape) * dtype.itemsize
+    buf = np.empty(size + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    return buf[start : start + size].view(dtype).reshape(shape)
+
+
 class ExactMatrix:
     """A weight matrix ``W[rows, cols]`` in ggml type ``qtype`` whose products equal llama.cpp's bit for bit.
 
@@ -323,7 +376,7 @@ class ExactMatrix:
         self.vec_dot_type = vec_dot_type(self.qtype)
         self._spec = spec
         self._nb = cols // spec.block
-        self._arrays = spec.pack(flat.reshape(rows, -1), rows, cols)
+        self._arrays = _pack_by_chunks(spec.pack, flat.reshape(rows, -1), rows, cols)
         self._acts: Activations | None = None
         self._acts1 = Activations(cols, 1)  # matvec's own input buffers
 
@@ -347,13 +400,22 @@ class ExactMatrix:
         if len(kinds) != 1:
             return None
         qtype = kinds.pop()
-        flats = []
+        row_bytes = cols // GGML_QUANT_SIZES[qtype][0] * GGML_QUANT_SIZES[qtype][1]
+        total = sum(rows for _, _, rows in parts)
+        out = np.empty((total, row_bytes), np.uint8)
+        at = 0
         for raw, q, rows in parts:
-            flat = _raw_bytes(raw, T(q), rows, cols)
-            if T(q) != qtype:  # Q5_0 or IQ4_NL among Q8_0 parts
-                flat = _AS_Q8_0[T(q).name](flat, rows, cols).reshape(-1)
-            flats.append(flat)
-        return cls(np.concatenate(flats), qtype, sum(rows for _, _, rows in parts), cols, kernels)
+            flat = _raw_bytes(raw, T(q), rows, cols).reshape(rows, -1)
+            if T(q) == qtype:
+                out[at : at + rows] = flat
+            else:  # Q5_0 or IQ4_NL among Q8_0 parts, widened a chunk of rows at a time
+                widen = _AS_Q8_0[T(q).name]
+                step = _chunk_rows(flat.shape[1])
+                for r in range(0, rows, step):
+                    n = min(step, rows - r)
+                    out[at + r : at + r + n] = widen(flat[r : r + n], n, cols)
+            at += rows
+        return cls(out, qtype, total, cols, kernels)
 
     @property
     def nbytes(self) -> int:
