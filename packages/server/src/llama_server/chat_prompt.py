@@ -42,7 +42,9 @@ def media_not_supported(part_type: str) -> ApiError:
     )
 
 
-def _content_text(m: Message) -> str | None:
+def _content_text(m: Message, sep: str = "\n") -> str | None:
+    """The message's text; its text parts joined by `sep` (llama.cpp joins a message's parts with a newline,
+    and the parts of an assistant message it continues with a blank line)."""
     if m.content is None or isinstance(m.content, str):
         return m.content
     texts = []
@@ -55,7 +57,7 @@ def _content_text(m: Message) -> str | None:
             raise media_not_supported(part.type)
         else:
             raise ApiError("unsupported content[].type")
-    return "\n".join(texts)
+    return sep.join(texts)
 
 
 def validate_chat(body: ChatBody, jinja: bool) -> list[dict[str, Any]]:
@@ -115,6 +117,8 @@ def _plan(st: ServerState, body: ChatBody) -> _Plan:
     check_request_chars(n_chars, '"messages"')
     check_text_size(n_chars, engine.tokenizer, engine.n_ctx_slot)
     prefill = bool(messages) and messages[-1]["role"] == "assistant" and st.config.prefill_assistant
+    if prefill and body.messages and isinstance(body.messages[-1].content, list):
+        messages[-1]["content"] = _content_text(body.messages[-1], "\n\n")
     if prefill and body.add_generation_prompt is True and body.continue_final_message:
         raise ApiError("Cannot set both add_generation_prompt and continue_final_message to true.")
     add_gen = (

@@ -2,8 +2,10 @@
 
 A model's `tokenizer.chat_template` has given remote code execution to servers that rendered it with a
 plain Jinja environment, so it is rendered in `ImmutableSandboxedEnvironment` with, on top of what the
-sandbox does, a bound on render time (a line tracer checks a deadline) and on output size (the output is
-generated in chunks and counted; string repetition and padding are capped before they allocate).
+sandbox does, a bound on render time (a line tracer checks a deadline), on output size (the output is
+generated in chunks and counted) and on what the template builds on the way (`template_bounds`: every
+string and list an operator, filter or str method builds is sized, most of them before they allocate, and
+a render builds at most 64 MiB in all).
 
 Message text from users is wrapped in marker characters while rendering, so that after rendering the
 prompt splits into template text (tokenized with special-token parsing) and user text (tokenized without
@@ -13,22 +15,36 @@ it): a user cannot inject `<|im_start|>system`.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import string
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import jinja2
 import jinja2.ext
 from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .template_bounds import (
+    MAX_CHARS,
+    TemplateError,
+    built,
+    check_binop,
+    check_format,
+    concat_chunks,
+    concat_operands,
+    metered,
+    str_method,
+    to_text,
+)
 from .template_caps import TemplateCaps, probe_caps
+from .template_filters import bounded_filters, bounded_lipsum
 
 __all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "TemplateError"]
 
@@ -61,14 +77,10 @@ BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML, "llama3": LLAMA3, "gemma"
 BEGIN, END = "\ue000", "\ue001"
 _MARKER = re.compile(r"\ue000|\ue001|\\ue000|\\ue001")
 MAX_RENDER_SECONDS = 2.0
-MAX_OUTPUT_CHARS = 4 * 1024 * 1024
-# str methods that allocate by a caller-given width: refused (the filters below are bounded instead)
-_UNSAFE_STR_METHODS = frozenset({"format", "format_map", "ljust", "rjust", "center", "zfill", "expandtabs"})
+MAX_OUTPUT_CHARS = MAX_CHARS
+# methods refused: `encode` makes bytes (whose methods are not bounded), `to_bytes` allocates by an argument
+_UNSAFE_METHODS = frozenset({"encode", "to_bytes"})
 _FORMAT_WIDTH = re.compile(r"%[-+ #0]*\d{5,}|\{[^}]*\d{5,}")
-
-
-class TemplateError(Exception):
-    """The template failed, ran too long or produced too much text."""
 
 
 # list methods a template may call on lists it built itself (Kimi K2 queues tool-call ids); never on inputs
@@ -92,8 +104,44 @@ def _is_null(value: Any) -> bool:
     return value is None or isinstance(value, jinja2.Undefined)
 
 
+class _CodeGenerator(CodeGenerator):
+    """Jinja's compiler, with `~` sized before it joins its operands and slices counted once taken (both
+    compile to plain Python, not through the sandbox's hooks)."""
+
+    @optimizeconst
+    def visit_Getitem(self, node: nodes.Getitem, frame: Frame) -> None:
+        if not isinstance(node.arg, nodes.Slice):
+            return super().visit_Getitem(node, frame)
+        self.write("environment.slice_of(")
+        self.visit(node.node, frame)
+        self.write(", slice(")
+        for i, part in enumerate((node.arg.start, node.arg.stop, node.arg.step)):
+            self.write(", " if i else "")
+            if part is None:
+                self.write("None")
+            else:
+                self.visit(part, frame)
+        self.write("))")
+        return None
+
+    @optimizeconst
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        volatile = frame.eval_ctx.volatile
+        join = "(markup_join if context.eval_ctx.volatile else str_join)" if volatile else None
+        join = join or ("markup_join" if frame.eval_ctx.autoescape else "str_join")
+        self.write(f"environment.concat_operands({join}, (")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class _Env(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "%", "+", "~"})
+    code_generator_class = _CodeGenerator
+    # a macro's or a block's output, `~`, and `{{ value }}` of a container: sized before they are built
+    concat = staticmethod(concat_chunks)
+    concat_operands = staticmethod(concat_operands)
     # ids of the lists and dicts passed in for the render running on this thread (see `render`)
     inputs: Any = None
 
@@ -101,37 +149,56 @@ class _Env(ImmutableSandboxedEnvironment):
         # as llama.cpp's engine: an undefined or null operand next to a string counts as ""
         nulls = operator in ("+", "~") and (_is_null(left) or _is_null(right))
         if nulls and (isinstance(left, str) or isinstance(right, str)):
-            return ("" if _is_null(left) else str(left)) + ("" if _is_null(right) else str(right))
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if (
-                    isinstance(seq, str | list | tuple)
-                    and isinstance(n, int)
-                    and len(seq) * n > MAX_OUTPUT_CHARS
-                ):
-                    raise TemplateError("the template's output is too large")
+            return built(
+                ("" if _is_null(left) else to_text(left)) + ("" if _is_null(right) else to_text(right))
+            )
         if operator == "%" and isinstance(left, str) and (_FORMAT_WIDTH.search(left) or "%*" in left):
             raise TemplateError("format width too large in the template")
-        if operator == "**" and isinstance(right, int) and abs(right) > 1024:
-            raise TemplateError("exponent too large in the template")
-        return super().call_binop(context, operator, left, right)
+        check_binop(operator, left, right)
+        return built(super().call_binop(context, operator, left, right))
+
+    @staticmethod
+    def slice_of(obj: Any, part: slice) -> Any:
+        return built(obj[part])
 
     def wrap_str_format(self, value: Any) -> Any:
+        # every attribute a template reads passes here: str methods come back sized (see `str_method`)
+        owner = getattr(value, "__self__", None)
+        if not isinstance(owner, str) or not isinstance(value, types.BuiltinMethodType | types.MethodType):
+            return None
+        if value.__name__ in _UNSAFE_METHODS:
+            return None  # is_safe_attribute refuses it
+        if value.__name__ not in ("format", "format_map"):
+            return str_method(value)
         # the sandbox's str.format bounds no padding width ('{:>999999999}'): only format strings whose
         # field specs are literal and narrow are allowed (Hunyuan's template formats its tool list)
-        fmt = getattr(value, "__self__", None)
-        is_format = getattr(value, "__name__", None) in ("format", "format_map")
-        if is_format and isinstance(fmt, str) and not _narrow_format(fmt):
+        if not _narrow_format(owner):
             return _refuse_format
-        return super().wrap_str_format(value)
+        return _bounded_format_method(owner, value.__name__, super().wrap_str_format(value))
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
-        if isinstance(obj, str) and attr in _UNSAFE_STR_METHODS:
+        if isinstance(obj, str | int) and attr in _UNSAFE_METHODS:
             return False
         if isinstance(obj, list) and attr in _LOCAL_LIST_METHODS:
             frozen = getattr(self.inputs, "ids", None)
             return frozen is not None and id(obj) not in frozen and len(obj) < MAX_LOCAL_LIST
         return super().is_safe_attribute(obj, attr, value)
+
+
+def _bounded_format_method(fmt: str, name: str, sandboxed: Any) -> Any:
+    def bounded(*args: Any, **kwargs: Any) -> str:
+        if name == "format_map" and len(args) == 1 and isinstance(args[0], dict):
+            check_format(fmt, (), args[0])
+        else:
+            check_format(fmt, args, kwargs)
+        return built(sandboxed(*args, **kwargs))  # type: ignore[no-any-return]
+
+    return bounded
+
+
+def _finalize(value: Any) -> Any:
+    """What `{{ value }}` writes: a container's text is sized before it is built."""
+    return value if isinstance(value, str | int | float) or value is None else to_text(value)
 
 
 def _refuse_format(*args: Any, **kwargs: Any) -> None:
@@ -155,53 +222,18 @@ def _raise(message: str) -> None:
     raise TemplateError(str(message))
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, jinja2.Undefined):
-        return None
-    if isinstance(value, Iterator | tuple | set | range):  # a filter chain's generator: its items
-        return list(value)
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _tojson(
-    value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys, default=_json_default
-    )
-
-
-def _bounded_format(value: str, *args: Any, **kwargs: Any) -> str:
-    if _FORMAT_WIDTH.search(str(value)):
-        raise TemplateError("format width too large in the template")
-    return jinja2.filters.do_format(value, *args, **kwargs)
-
-
-def _bounded_center(value: str, width: int = 80) -> str:
-    if int(width) > MAX_OUTPUT_CHARS:
-        raise TemplateError("the template's output is too large")
-    return str(value).center(int(width))
-
-
-def _bounded_indent(value: str, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
-    if (isinstance(width, int) and width > 1024) or (isinstance(width, str) and len(width) > 1024):
-        raise TemplateError("indent width too large in the template")
-    return jinja2.filters.do_indent(value, width, first, blank)
-
-
 def _make_env() -> _Env:
     env = _Env(
         trim_blocks=True,
         lstrip_blocks=True,
         undefined=jinja2.Undefined,
         autoescape=False,
+        finalize=_finalize,
         extensions=[jinja2.ext.loopcontrols, _GenerationTag],
     )
     env.inputs = threading.local()
-    env.filters["tojson"] = _tojson
-    env.filters["format"] = _bounded_format
-    env.filters["center"] = _bounded_center
-    env.filters["indent"] = _bounded_indent
+    env.filters.update(bounded_filters())
+    env.globals["lipsum"] = bounded_lipsum
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt)[:64])
     return env
@@ -287,16 +319,25 @@ class ChatTemplate:
         self._env.inputs.ids = _container_ids(ctx)
         sys.settrace(tracer)
         try:
-            for chunk in self._template.generate(**ctx):
-                size += len(chunk)
-                if size > MAX_OUTPUT_CHARS:
-                    raise TemplateError("the template's output is too large")
-                parts.append(chunk)
+            with metered():
+                for chunk in self._template.generate(**ctx):
+                    size += len(chunk)
+                    if size > MAX_OUTPUT_CHARS:
+                        raise TemplateError("the template's output is too large")
+                    parts.append(chunk)
         except TemplateError:
             raise
         except jinja2.exceptions.SecurityError as e:
             raise TemplateError(f"the chat template did something unsafe: {e}") from e
-        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+            IndexError,
+            AssertionError,  # Jinja's truncate asserts its arguments
+        ) as e:
             raise TemplateError(f"error rendering the chat template: {e}") from e
         except (RecursionError, MemoryError, OverflowError) as e:
             raise TemplateError(f"error rendering the chat template: {type(e).__name__}") from e
