@@ -3,7 +3,9 @@ the queue bound, cancellable embeddings, per-token timings and slot snapshots. T
 
 from __future__ import annotations
 
+import os
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ from llama_engine import (
     StopReason,
 )
 from llama_engine.requests import FinalEvent, TokenEvent
-from llama_engine.state_file import MAGIC, read_state
+from llama_engine.state_file import MAGIC, PoolState, SeqState, read_state, state_size_bound, write_state
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 PROMPT = [256, *range(60, 90)]
@@ -171,6 +173,82 @@ def test_restore_larger_than_the_slot_context(models: dict[str, Path], tmp_path:
     finally:
         big.shutdown()
         small.shutdown()
+
+
+def _layout(engine: Engine) -> list[tuple[list[int], int | None]]:
+    return [(p.layers, p.window) for p in engine.kv.pools]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_size_bound_is_the_largest_file_a_slot_holds(
+    models: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    engine = _engine(models[name], n_ctx=64, n_parallel=1)
+    try:
+        n, fp, layout = engine.n_ctx_slot, engine.fingerprint, _layout(engine)
+        kv_dim = fp["kv_dim"]
+        full = SeqState(
+            np.zeros(n, np.int32),
+            [
+                PoolState(layers, window, np.arange(n, dtype=np.int32),
+                          np.zeros((len(layers), n, kv_dim)), np.zeros((len(layers), n, kv_dim)))
+                for layers, window in layout
+            ],
+        )  # fmt: skip
+        written = write_state(tmp_path / "full.bin", fp, full)
+        assert written == (tmp_path / "full.bin").stat().st_size == state_size_bound(fp, layout, n)
+        assert state_size_bound(fp, layout, n - 1) < written
+        state, _ = read_state(tmp_path / "full.bin", fp, layout, written)  # exactly at the bound: read
+        assert state.n_tokens == n
+    finally:
+        engine.shutdown()
+
+
+def test_restore_reads_only_regular_files_in_place(llama: Engine, tmp_path: Path) -> None:
+    """A symbolic link (to a slot file, a FIFO or a device) is refused, a FIFO does not block, and a file
+    larger than the bound is refused before a byte of it is read; the slot keeps what it held."""
+    slots, outside = tmp_path / "slots", tmp_path / "outside"
+    slots.mkdir()
+    outside.mkdir()
+    _run(llama, GenerationRequest(prompt=PROMPT, max_tokens=2, sampling=GREEDY, slot=1))
+    llama.save_slot(1, outside / "good.bin")
+    held = list(llama.scheduler.slots[1].tokens)
+    os.mkfifo(outside / "fifo")
+    os.mkfifo(slots / "fifo.bin")
+    (slots / "link.bin").symlink_to(outside / "good.bin")
+    (slots / "fifo-link.bin").symlink_to(outside / "fifo")
+    (slots / "zero.bin").symlink_to("/dev/zero")
+    with open(slots / "huge.bin", "wb") as f:
+        f.truncate(64 << 30)  # sparse: reading it would take minutes
+    cases = {
+        "link.bin": "symbolic link",
+        "fifo-link.bin": "symbolic link",
+        "zero.bin": "symbolic link",
+        "fifo.bin": "not a regular file",
+        "huge.bin": "more than the context",
+    }
+    for name, reason in cases.items():
+        t0 = time.monotonic()
+        with pytest.raises(StateFileError, match=reason):
+            llama.restore_slot(1, slots / name)
+        assert time.monotonic() - t0 < 5, name
+        assert llama.scheduler.slots[1].tokens == held
+    with pytest.raises(StateFileError, match="symbolic link"):
+        read_state(slots / "zero.bin", llama.fingerprint, _layout(llama))  # no bound given: still refused
+
+
+def test_save_replaces_a_planted_link(llama: Engine, tmp_path: Path) -> None:
+    target = tmp_path / "target.txt"
+    target.write_text("keep me")
+    (tmp_path / "slots").mkdir()
+    dest = tmp_path / "slots" / "a.bin"
+    dest.symlink_to(target)
+    _run(llama, GenerationRequest(prompt=PROMPT[:8], max_tokens=2, sampling=GREEDY, slot=0))
+    saved = llama.save_slot(0, dest)
+    assert target.read_text() == "keep me"
+    assert not dest.is_symlink() and dest.stat().st_size == saved.n_bytes
+    assert oct(dest.stat().st_mode & 0o777) == "0o600"
+    assert llama.restore_slot(0, dest).n_tokens == saved.n_tokens
 
 
 def test_prompt_only_request(llama: Engine) -> None:

@@ -15,16 +15,25 @@ The fingerprint names the model (architecture, sizes, KV layout and type, tokeni
 file is only restored into the model that wrote it. Reading checks the magic, the version, the fingerprint,
 every length against the file size and the checksum before anything reaches the KV cache. Writing is
 atomic (temporary file, fsync, rename): a reader never sees half a file.
+
+A file is named by a request, inside a directory the operator chose: the name is opened relative to that
+directory and never followed when it is a symbolic link (at the name or at the temporary file), only
+regular files are read (a FIFO or a device never blocks or streams forever), and a reader gives a bound on
+the bytes it takes (`state_size_bound`: the largest file a slot of this model can hold), checked before
+reading and enforced while reading.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import stat
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +50,7 @@ __all__ = [
     "StateFileError",
     "model_fingerprint",
     "read_state",
+    "state_size_bound",
     "write_state",
 ]
 
@@ -49,6 +59,11 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sII")
 _CRC = struct.Struct("<I")
 _MAX_HEADER = 1 << 20
+_READ_CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class StateFileError(ValueError):
@@ -106,62 +121,98 @@ def model_fingerprint(
 
 
 def write_state(path: str | os.PathLike[str], fingerprint: dict[str, Any], state: SeqState) -> int:
-    """Write `state` atomically; returns the number of bytes written."""
+    """Write `state` atomically; returns the number of bytes written. A symbolic link at `path` is
+    replaced, never followed."""
     kv_dim = int(fingerprint["kv_dim"])
-    header = {
-        "fingerprint": fingerprint,
-        "n_tokens": state.n_tokens,
-        "kv_dim": kv_dim,
-        "dtype": list(fingerprint["kv_type"]),
-        "pools": [{"layers": p.layers, "window": p.window, "n_cells": len(p.pos)} for p in state.pools],
-    }
-    hbytes = json.dumps(header, sort_keys=True).encode()
+    pools_meta = [(p.layers, p.window, len(p.pos)) for p in state.pools]
+    hbytes = _header_bytes(fingerprint, state.n_tokens, pools_meta)
     chunks: list[bytes | memoryview] = [hbytes, _le(state.tokens, "<i4")]
     (kt, _), (vt, _) = (_layout(t, kv_dim) for t in fingerprint["kv_type"])
     for p in state.pools:
         chunks += [_le(p.pos, "<i4"), _le(p.k, kt), _le(p.v, vt)]
+    return _write_atomic(Path(path), _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes)), chunks)
+
+
+def state_size_bound(
+    fingerprint: dict[str, Any], pool_layout: list[tuple[list[int], int | None]], n_ctx: int
+) -> int:
+    """The size in bytes of the largest state file `write_state` gives for this model and cache layout
+    when a sequence holds at most `n_ctx` tokens (every pool then holds at most `n_ctx` cells)."""
+    pools_meta = [(layers, window, n_ctx) for layers, window in pool_layout]
+    hlen = len(_header_bytes(fingerprint, n_ctx, pools_meta))  # the widest numbers: the longest header
+    kb, vb = _row_bytes(fingerprint["kv_type"], int(fingerprint["kv_dim"]))
+    return _PREFIX.size + _content_size(hlen, n_ctx, pools_meta, kb, vb) + _CRC.size
+
+
+def _header_bytes(
+    fingerprint: dict[str, Any], n_tokens: int, pools_meta: list[tuple[list[int], int | None, int]]
+) -> bytes:
+    header = {
+        "fingerprint": fingerprint,
+        "n_tokens": n_tokens,
+        "kv_dim": int(fingerprint["kv_dim"]),
+        "dtype": list(fingerprint["kv_type"]),
+        "pools": [{"layers": layers, "window": window, "n_cells": n} for layers, window, n in pools_meta],
+    }
+    return json.dumps(header, sort_keys=True).encode()
+
+
+def _content_size(
+    hlen: int, n_tokens: int, pools_meta: Iterable[tuple[list[int], int | None, int]], kb: int, vb: int
+) -> int:
+    """Bytes between the prefix and the crc: header, tokens, then per pool positions, keys and values."""
+    return hlen + 4 * n_tokens + sum(4 * n + (kb + vb) * len(layers) * n for layers, _, n in pools_meta)
+
+
+def _row_bytes(kv_types: list[str], kv_dim: int) -> tuple[int, int]:
+    """Bytes of one cell's key row and value row in a file."""
+    (kt, kw), (vt, vw) = (_layout(t, kv_dim) for t in kv_types)
+    return int(kt[-1]) * kw, int(vt[-1]) * vw
+
+
+def _write_atomic(path: Path, prefix: bytes, chunks: list[bytes | memoryview]) -> int:
+    """Write `prefix`, `chunks` and their crc to a new temporary file beside `path`, then rename it over
+    `path`; both names are taken relative to the directory, opened once."""
     crc = 0
     for c in chunks:
         crc = zlib.crc32(c, crc)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    n = 0
+    tmp = f".slot-{os.getpid()}-{os.urandom(6).hex()}.tmp"  # not derived from the name: a long one fits
+    dfd = os.open(os.path.realpath(path.parent), _DIR_FLAGS)
     try:
-        with open(tmp, "wb") as f:
-            n += f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes)))
-            for c in chunks:
-                n += f.write(c)
-            n += f.write(_CRC.pack(crc))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
+        n = 0
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            # O_EXCL | O_NOFOLLOW: a file or link planted at the temporary name is an error, never written
+            with os.fdopen(os.open(tmp, _WRITE_FLAGS, 0o600, dir_fd=dfd), "wb") as f:
+                for c in [prefix, *chunks]:
+                    n += f.write(c)
+                n += f.write(_CRC.pack(crc))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # replaces a link, not its target
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        with contextlib.suppress(OSError):  # make the rename itself durable
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
     return n
 
 
 def read_state(
-    path: str | os.PathLike[str], fingerprint: dict[str, Any], pool_layout: list[tuple[list[int], int | None]]
+    path: str | os.PathLike[str],
+    fingerprint: dict[str, Any],
+    pool_layout: list[tuple[list[int], int | None]],
+    max_bytes: int | None = None,
 ) -> tuple[SeqState, int]:
     """Read and check a state file written for this model; returns the state and the bytes read.
 
-    `pool_layout` is this cache's (layers, window) per pool, in order. Raises StateFileError with the
-    reason when the file cannot be restored.
+    `pool_layout` is this cache's (layers, window) per pool, in order. The last component of `path` must
+    be a regular file, not a symbolic link; a file larger than `max_bytes` is refused unread. Raises
+    StateFileError with the reason when the file cannot be restored.
     """
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise StateFileError("file not found") from None
-    except OSError as e:
-        raise StateFileError(f"cannot read the file: {e.strerror or e}") from None
+    data = _read_file(Path(path), max_bytes)
     if len(data) < _PREFIX.size + _CRC.size:
         raise StateFileError("the file is too short to be a slot state file")
     magic, version, hlen = _PREFIX.unpack_from(data)
@@ -193,10 +244,10 @@ def read_state(
     if dtype != list(fingerprint["kv_type"]) or kv_dim != fingerprint["kv_dim"]:
         raise StateFileError("unsupported KV type or size in the file")
     (kt, kw), (vt, vw) = (_layout(t, kv_dim) for t in dtype)
-    kb, vb = int(kt[-1]) * kw, int(vt[-1]) * vw
+    kb, vb = _row_bytes(dtype, kv_dim)
     if [(layers, window) for layers, window, _ in pools_meta] != pool_layout:
         raise StateFileError("the file's KV cache layout differs from this model's")
-    expect = hlen + 4 * n_tokens + sum(4 * n + (kb + vb) * len(layers) * n for layers, _, n in pools_meta)
+    expect = _content_size(hlen, n_tokens, pools_meta, kb, vb)
     if n_tokens < 0 or any(n < 0 for _, _, n in pools_meta) or expect != len(body):
         raise StateFileError(f"corrupt file: {len(body)} bytes of content, the header describes {expect}")
     off = hlen
@@ -210,6 +261,51 @@ def read_state(
     state = SeqState(tokens, pools)
     _check(state, fingerprint)
     return state, len(data)
+
+
+def _read_file(path: Path, max_bytes: int | None) -> bytearray:
+    """The bytes of the regular file `path.name` in `path.parent`, at most `max_bytes` of them."""
+    try:
+        dfd = os.open(os.path.realpath(path.parent), _DIR_FLAGS)
+    except OSError as e:
+        raise StateFileError(f"cannot open the directory: {e.strerror or e}") from None
+    try:
+        fd = os.open(path.name, _READ_FLAGS, dir_fd=dfd)
+    except FileNotFoundError:
+        raise StateFileError("file not found") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateFileError("the file is a symbolic link") from None
+        raise StateFileError(f"cannot read the file: {e.strerror or e}") from None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)  # the opened file itself: no window between the check and the read
+        if not stat.S_ISREG(st.st_mode):
+            raise StateFileError("not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise _too_large(f"{st.st_size} bytes", max_bytes)
+        return _read_at_most(fd, max_bytes)
+    finally:
+        os.close(fd)
+
+
+def _read_at_most(fd: int, max_bytes: int | None) -> bytearray:
+    data = bytearray()
+    try:
+        while chunk := os.read(fd, _READ_CHUNK):
+            data += chunk
+            if max_bytes is not None and len(data) > max_bytes:  # it grew since fstat
+                raise _too_large(f"{len(data)} bytes or more", max_bytes)
+    except OSError as e:
+        raise StateFileError(f"cannot read the file: {e.strerror or e}") from None
+    return data
+
+
+def _too_large(size: str, max_bytes: int) -> StateFileError:
+    return StateFileError(
+        f"the file ({size}) holds more than the context of a slot can (at most {max_bytes} bytes)"
+    )
 
 
 def _check(state: SeqState, fingerprint: dict[str, Any]) -> None:
