@@ -5,7 +5,9 @@ before the slot's cells are given to a prompt that keeps little of them, and idl
 a new request starts (``--cache-idle-slots``; with a unified KV cache they are then cleared, which frees
 their cells for the running requests). A new request whose prompt matches a saved state better than its
 slot's cache gets that state loaded into its slot first. Entries are dropped oldest first to stay
-under the size limit; a state contained in a newer one is dropped when that one is saved.
+under the size limit; a state contained in a newer one is dropped when that one is saved. An entry
+keeps the scope (API key) its tokens were computed for and serves, contains or is contained in only
+states of that scope.
 """
 
 from __future__ import annotations
@@ -28,12 +30,18 @@ _MIB = 1024 * 1024
 
 @dataclass(slots=True, eq=False)
 class CachedPrompt:
-    """One saved slot cache: its tokens, its adapter key, its cells per pool and its checkpoints."""
+    """One saved slot cache: its tokens, its adapter key, its cells per pool, its checkpoints and the
+    scope it belongs to."""
 
     tokens: list[int]
     lora: tuple[float, ...]
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    scope: str = ""
+
+    def serves(self, lora: tuple[float, ...], scope: str) -> bool:
+        """Whether a request under these adapters and of this scope may reuse the entry."""
+        return self.lora == lora and self.scope == scope
 
     @property
     def nbytes(self) -> int:
@@ -59,17 +67,20 @@ class PromptCache:
 
     # -- the scheduler's two calls -----------------------------------------------------------------------
 
-    def before_start(self, slot: Slot, prompt: list[int], key: tuple[float, ...], ckpts: Checkpoints) -> None:
-        """A request takes ``slot``: if that would keep under half of the slot's cache, save the cache
-        first, then load the saved state that serves ``prompt`` better, if any."""
-        own = slot.tokens if slot.lora == key else []
+    def before_start(
+        self, slot: Slot, prompt: list[int], key: tuple[float, ...], ckpts: Checkpoints, scope: str = ""
+    ) -> None:
+        """A request of ``scope`` takes ``slot``: if that would keep under half of the slot's cache (all of
+        it when the cache is another scope's), save the cache first, then load the saved state of
+        ``scope`` that serves ``prompt`` better, if any."""
+        own = slot.tokens if slot.lora == key and slot.scope == scope else []
         if own and common_prefix(own, prompt) >= 0.5 * len(own):
             return
         log.debug("updating prompt cache")
-        self.save(slot.id, slot.tokens, slot.lora, ckpts.of(slot.id))
-        entry = self.best(own, key, prompt)
+        self.save(slot.id, slot.tokens, slot.lora, ckpts.of(slot.id), slot.scope)
+        entry = self.best(own, key, prompt, scope)
         if entry is not None and self.load(slot.id, entry):
-            slot.tokens, slot.lora = list(entry.tokens), entry.lora
+            slot.tokens, slot.lora, slot.scope = list(entry.tokens), entry.lora, entry.scope
             ckpts.replace(slot.id, entry.checkpoints)
 
     def after_start(self, slots: list[Slot], ckpts: Checkpoints) -> None:
@@ -79,7 +90,7 @@ class PromptCache:
         for s in slots:
             if s.state != SlotState.IDLE or not s.tokens:
                 continue
-            if self.save(s.id, s.tokens, s.lora, ckpts.of(s.id)):
+            if self.save(s.id, s.tokens, s.lora, ckpts.of(s.id), s.scope):
                 log.debug("slot %d: __TEST_TAG_CACHE_IDLE_SLOT__", s.id)
             if self.clear_idle:
                 self.kv.seq_rm(s.id)
@@ -97,15 +108,21 @@ class PromptCache:
         return sum(len(s.tokens) for s in self.states)
 
     def save(
-        self, seq: int, tokens: list[int], lora: tuple[float, ...], checkpoints: list[Checkpoint]
+        self,
+        seq: int,
+        tokens: list[int],
+        lora: tuple[float, ...],
+        checkpoints: list[Checkpoint],
+        scope: str = "",
     ) -> bool:
-        """Copy sequence ``seq``'s cache into the cache (not when a saved state already holds it all)."""
+        """Copy sequence ``seq``'s cache, ``scope``'s, into the cache (not when a saved state of that scope
+        already holds it all: another scope's copy of the same tokens does not serve this one)."""
         if not tokens:
             return False
         for s in self.states:
-            if s.lora == lora and common_prefix(s.tokens, tokens) == len(tokens):
+            if s.serves(lora, scope) and common_prefix(s.tokens, tokens) == len(tokens):
                 return False  # already in the cache
-        entry = CachedPrompt(list(tokens), lora, self.kv.seq_export(seq), list(checkpoints))
+        entry = CachedPrompt(list(tokens), lora, self.kv.seq_export(seq), list(checkpoints), scope)
         size = entry.nbytes
         if self.limit and size > self.limit:
             log.warning(
@@ -118,7 +135,7 @@ class PromptCache:
         self.states = [
             s
             for s in self.states
-            if not (s.lora == lora and common_prefix(s.tokens, tokens) == len(s.tokens))
+            if not (s.serves(lora, scope) and common_prefix(s.tokens, tokens) == len(s.tokens))
         ]
         while self.states and self.limit and self.nbytes + size > self.limit:
             old = self.states.pop(0)
@@ -145,16 +162,18 @@ class PromptCache:
         while len(self.states) > 1 and self.n_tokens > limit:
             self.states.pop(0)
 
-    def best(self, cached: list[int], lora: tuple[float, ...], prompt: list[int]) -> CachedPrompt | None:
-        """The saved state that keeps more of itself and matches more of ``prompt`` than the slot's own
-        cache ``cached`` (llama-server's f_keep / f_sim rule; states that would keep under a quarter of
-        themselves are not used)."""
+    def best(
+        self, cached: list[int], lora: tuple[float, ...], prompt: list[int], scope: str = ""
+    ) -> CachedPrompt | None:
+        """The saved state of ``scope`` that keeps more of itself and matches more of ``prompt`` than the
+        slot's own cache ``cached`` (llama-server's f_keep / f_sim rule; states that would keep under a
+        quarter of themselves are not used)."""
         lcp = common_prefix(cached, prompt)
         f_keep = lcp / len(cached) if cached else -1.0
         f_sim = lcp / max(len(prompt), 1)
         found = None
         for s in self.states:
-            if s.lora != lora:
+            if not s.serves(lora, scope):
                 continue
             n = common_prefix(s.tokens, prompt)
             keep, sim = n / len(s.tokens), n / max(len(prompt), 1)

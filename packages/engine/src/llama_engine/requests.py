@@ -46,7 +46,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int = -1  # -1: until end-of-generation or the context is full; 0: evaluate the prompt only
     sampling: SamplingParams = SamplingParams()
     stop: list[str] = []
-    cache_prompt: bool = True  # reuse a cached prefix (this slot's or another's)
+    cache_prompt: bool = True  # reuse a cached prefix (this slot's or another's, of the same cache_scope)
     n_cache_reuse: int = 0  # also shift cached runs of at least this many tokens into place (0: off)
     slot: int = -1  # -1: the scheduler picks
     n_keep: int = 0  # tokens kept at the start when the context shifts (+1 for the BOS, as llama.cpp)
@@ -58,6 +58,10 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     return_progress: bool = False  # a ProgressEvent before the prompt is evaluated and after each chunk
     special: bool = False  # render special tokens in the text (llama-server's -sp), end-of-generation too
     lora: tuple[float, ...] = ()  # the scale of each of the engine's LoRA adapters (by id); () or 0: none
+    # whose cache this request may reuse and fill: cached prefixes (slots, the RAM prompt cache, checkpoints,
+    # shared drafting tables) computed under another scope are never reused, so a request's counters and
+    # timings tell nothing about another scope's prompts ("": the one scope of a server without API keys)
+    cache_scope: str = ""
 
 
 class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,6 +8,8 @@ samples, detokenizes, checks stop conditions, emits events and pools finished em
 
 A new request takes the idle slot whose cached tokens share the longest prefix with its prompt, and may
 also borrow a longer cached prefix from any other slot (`seq_cp`: the cells are shared, not recomputed).
+Only caches of the request's own scope (`GenerationRequest.cache_scope`, the API key) count: another
+scope's cached tokens neither attract a request nor serve it, and a slot holding them starts from zero.
 Embedding jobs take turns on one scratch sequence (`n_parallel`), so their cache use stays bounded by
 one slot's context. A request with DRY sampling waits in the queue, without stalling the others, while
 DRY's vocabulary table is built on a background thread (once, when the first such request arrives);
@@ -203,9 +205,11 @@ class Scheduler:
         if not idle:
             return None
         key = lora_key(req.lora)  # a cache computed under other adapters shares nothing
+        scope = req.cache_scope  # nor one of another scope: its match must not even steer the choice
 
         def score(s: Slot) -> tuple[int, float]:
-            return (common_prefix(s.tokens, req.prompt) if s.lora == key else 0, -s.last_used)
+            mine = s.lora == key and s.scope == scope
+            return (common_prefix(s.tokens, req.prompt) if mine else 0, -s.last_used)
 
         return max(idle, key=score)
 
@@ -219,12 +223,13 @@ class Scheduler:
         slot.n_generated, slot.held, slot.next_token, slot.drafts = 0, "", -1, []
         slot.n_drafted = slot.n_draft_accepted = 0
         slot.truncated = False
-        key = lora_key(req.lora)
+        key, scope = lora_key(req.lora), req.cache_scope
         if self.prompt_cache is not None and req.cache_prompt:
-            self.prompt_cache.before_start(slot, prompt, key, self.checkpoints)
-        if slot.lora != key:  # its cache was computed under other adapters: nothing in it is reusable
+            self.prompt_cache.before_start(slot, prompt, key, self.checkpoints, scope)
+        if slot.lora != key or slot.scope != scope:  # computed under other adapters or for another scope
             self.kv.seq_rm(slot.id)
-            slot.tokens, slot.lora = [], key
+            self.checkpoints.clear(slot.id)
+            slot.tokens, slot.lora, slot.scope = [], key, scope
         reused = self._reuse_prefix(slot, prompt, req.n_cache_reuse) if req.cache_prompt else 0
         if not req.cache_prompt:
             self.kv.seq_rm(slot.id)
@@ -252,7 +257,7 @@ class Scheduler:
         own = common_prefix(slot.tokens, prompt)
         best, donor = own, None
         for other in self.slots:
-            if other is not slot and other.tokens and other.lora == slot.lora:
+            if other is not slot and other.tokens and other.lora == slot.lora and other.scope == slot.scope:
                 n = common_prefix(other.tokens, prompt)
                 if n > best:
                     best, donor = n, other

@@ -50,6 +50,7 @@ class Slot:
     t_prompt_done: float = 0.0
     last_used: float = 0.0
     lora: tuple[float, ...] = ()  # the adapter scales the cached tokens were computed under
+    scope: str = ""  # whose cached tokens these are (GenerationRequest.cache_scope); only it reuses them
     truncated: bool = False  # the current request's context shifted or filled up (FinalEvent.truncated)
 
 

@@ -91,6 +91,7 @@ class Run:
         self.handles: list[RequestHandle] = []
         self.n = 0
         self.task_ids: list[int] = []
+        self.scope = ""  # the cache scope of the requests (one HTTP request: one caller)
         # with /metrics on, every request reports its prompt batches (counted as they are evaluated);
         # index -> (the client asked for the updates, tokens in the cache at the last one)
         self._progress: dict[int, tuple[bool, int]] = {}
@@ -112,6 +113,7 @@ class Run:
             if req.prompt and (min(req.prompt) < 0 or max(req.prompt) >= n_vocab):
                 raise ApiError("Prompt contains invalid tokens")
         self.n = len(requests)
+        self.scope = requests[0].cache_scope if requests else ""
         for i, req in enumerate(requests):
             self.task_ids.append(self.state.task_id())
             if not req.prompt:  # not an error: an empty result
@@ -223,6 +225,7 @@ class Run:
                 n_prompt_tokens_processed=t.prompt_n,
                 n_prompt_tokens_cache=t.cache_n,
                 n_decoded=t.predicted_n,
+                scope=self.scope,
             )
 
 

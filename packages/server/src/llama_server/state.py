@@ -92,6 +92,7 @@ class SlotRecord:
     n_prompt_tokens_processed: int = 0
     n_prompt_tokens_cache: int = 0
     n_decoded: int = 0
+    scope: str = ""  # the task's cache scope: /slots shows the record only to that scope
 
 
 @dataclass(slots=True)

@@ -129,6 +129,8 @@ async def respond(
     to that conversation's session (replacing the previous one) and outlives its connection."""
     conv_id = header_id(request.headers.get("x-conversation-id", ""))
     scope = key_scope(state.config.api_keys, request.headers)  # the session is the caller's key's
+    if scope:  # and so is the cache its prompts reuse and fill
+        reqs = [msgspec.structs.replace(r, cache_scope=scope) for r in reqs]
     session = state.streams.create(conv_id, state.config, scope) if conv_id else None
     try:
         run = Run(state)

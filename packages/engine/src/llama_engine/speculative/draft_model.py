@@ -100,6 +100,7 @@ class DraftModel:
             n_ctx + n_seq * (self.n_max + 1), n_seq, n_batch, False, ctk, ctv, flash
         )
         self.cached: list[list[int]] = [[] for _ in range(n_seq)]  # what each draft sequence holds
+        self._scopes = [""] * n_seq  # whose tokens each draft sequence holds
         self._rng: dict[int, np.random.Generator] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -114,8 +115,11 @@ class DraftModel:
                 self.kv.seq_rm(0)
         self.cached[0] = []
 
-    def begin(self, seq: int, prompt: list[int]) -> None:
+    def begin(self, seq: int, prompt: list[int], scope: str = "") -> None:
         self._rng.pop(seq, None)  # a new request reseeds its draft sampler
+        if self._scopes[seq] != scope:  # another scope's cached prefix would catch up faster
+            self.forget(seq)
+            self._scopes[seq] = scope
 
     def accept(self, seq: int, n_accepted: int, is_other: bool) -> None:
         pass

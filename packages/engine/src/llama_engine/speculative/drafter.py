@@ -33,8 +33,10 @@ class Drafter(Protocol):
 
     n_max: int  # the longest draft it proposes
 
-    def begin(self, seq: int, prompt: list[int]) -> None:
-        """A new request starts on `seq` with this prompt."""
+    def begin(self, seq: int, prompt: list[int], scope: str = "") -> None:
+        """A new request of `scope` (`GenerationRequest.cache_scope`) starts on `seq` with this prompt: what
+        a drafter learned from another scope's text must not draft for it (accepted drafts show in its
+        timings)."""
 
     def draft(self, jobs: list[DraftJob]) -> None:
         """Fill `result` (and `q` when asked) of each job; an empty result: nothing to propose."""

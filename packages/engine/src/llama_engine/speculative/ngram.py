@@ -51,8 +51,8 @@ class NgramSimple:
         self.n, self.m = params.size_n, params.size_m
         self.n_max = params.size_m
 
-    def begin(self, seq: int, prompt: list[int]) -> None:
-        pass
+    def begin(self, seq: int, prompt: list[int], scope: str = "") -> None:
+        pass  # it reads only the sequence's own history
 
     def draft(self, jobs: list[DraftJob]) -> None:
         for job in jobs:
@@ -106,7 +106,7 @@ class NgramMap:
         self.n_max = params.size_m
         self._maps: dict[int, _SeqMap] = {}
 
-    def begin(self, seq: int, prompt: list[int]) -> None:
+    def begin(self, seq: int, prompt: list[int], scope: str = "") -> None:
         self._maps[seq] = _SeqMap()  # indices point into the history: a new history starts afresh
 
     def draft(self, jobs: list[DraftJob]) -> None:

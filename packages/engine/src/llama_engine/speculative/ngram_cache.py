@@ -1,7 +1,7 @@
 """ngram-cache: empirical next-token counts of 1..4-grams, from three sources (llama.cpp's lookup decoding).
 
 The context cache learns from the sequence itself; the dynamic cache (`-lcd` file) from earlier
-generations; the static cache (`-lcs` file) from a corpus, and only validates. A token is drafted from
+generations (only on a server without API keys: it drafts for every caller); the static cache (`-lcs` file) from a corpus, and only validates. A token is drafted from
 the longest n-gram whose counts are large and one-sided enough (lax thresholds for the context, strict
 ones for the dynamic cache), else from the static cache alone; at most 8 tokens.
 
@@ -168,6 +168,7 @@ def save_ngram_cache(cache: Cache, path: str | os.PathLike[str]) -> None:
 class _SeqCache:
     context: Cache = field(default_factory=dict)
     n_seen: int = 0  # tokens of the history counted so far
+    learn: bool = True  # merged into the dynamic cache afterwards (only text of the unscoped server)
 
 
 class NgramCache:
@@ -182,10 +183,12 @@ class NgramCache:
             self.dynamic = load_ngram_cache(dynamic_path)
         self._seqs: defaultdict[int, _SeqCache] = defaultdict(_SeqCache)
 
-    def begin(self, seq: int, prompt: list[int]) -> None:
+    def begin(self, seq: int, prompt: list[int], scope: str = "") -> None:
         old = self._seqs.pop(seq, None)
-        if old is not None and self.dynamic_path:  # what the last request taught goes to the dynamic cache
+        if old is not None and old.learn and self.dynamic_path:  # what it taught goes to the dynamic cache
             merge_cache(self.dynamic, old.context)
+        # the dynamic cache drafts for every caller: with API keys it learns from none of them
+        self._seqs[seq] = _SeqCache(learn=not scope)
 
     def draft(self, jobs: list[DraftJob]) -> None:
         for job in jobs:
@@ -205,6 +208,7 @@ class NgramCache:
         if not self.dynamic_path:
             return
         for sc in self._seqs.values():
-            merge_cache(self.dynamic, sc.context)
+            if sc.learn:
+                merge_cache(self.dynamic, sc.context)
         self._seqs.clear()
         save_ngram_cache(self.dynamic, self.dynamic_path)

@@ -3,7 +3,9 @@
 llama.cpp's common_ngram_mod: 4M entries, a 64-bit multiplicative hash of the n tokens modulo the table
 size, the newest follower wins. A draft chains lookups from the last n tokens; fewer than `n_min` found
 tokens is no draft. The table is reset when a quarter of it is used, or after five drafts in a row of
-one sequence had less than a quarter accepted.
+one sequence had less than a quarter accepted. The table holds one scope's text (API key,
+`GenerationRequest.cache_scope`): a request of another scope starting resets it, and a sequence whose
+scope no longer owns the table neither adds to it nor drafts from it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class _SeqInfo:
     i_last: int = 0  # history added to the table up to here
     n_draft_last: int = 0
     n_low: int = 0  # drafts in a row with less than a quarter accepted
+    scope: str = ""  # whose text the sequence is
 
 
 class NgramMod:
@@ -39,6 +42,7 @@ class NgramMod:
         self.n_min, self.n_max = params.n_min, params.n_max
         self.entries = np.full(size, _EMPTY, np.int32)
         self.used = 0
+        self.scope = ""  # whose text the table holds
         self._seqs: dict[int, _SeqInfo] = {}
 
     def reset(self) -> None:
@@ -68,8 +72,11 @@ class NgramMod:
         self.used += int(np.count_nonzero(self.entries[np.unique(idx)] == _EMPTY))
         self.entries[idx] = arr[self.n : self.n + hi - lo]  # repeated indices: the last (newest) wins
 
-    def begin(self, seq: int, prompt: list[int]) -> None:
-        info = self._seqs[seq] = _SeqInfo()
+    def begin(self, seq: int, prompt: list[int], scope: str = "") -> None:
+        if scope != self.scope:
+            self.reset()
+            self.scope = scope
+        info = self._seqs[seq] = _SeqInfo(scope=scope)
         n = self.n
         if len(prompt) < n:
             return
@@ -85,7 +92,7 @@ class NgramMod:
     def _one(self, info: _SeqInfo, tokens: list[int], last: int) -> list[int]:
         info.n_draft_last = 0
         cur, n = len(tokens), self.n
-        if cur < n:
+        if cur < n or info.scope != self.scope:
             return []
         if info.i_last + _ADD_EVERY < cur:
             self._add(tokens, info.i_last, cur - n)

@@ -169,7 +169,7 @@ class Speculator:
                 st.rejection = RejectionVerifier(s.sampler.seed)
             st.backoff = self._new_backoff()
             for _, d in self.drafters:
-                d.begin(s.id, s.tokens)
+                d.begin(s.id, s.tokens, s.request.cache_scope)
         return st
 
     def _new_backoff(self) -> Backoff | None:

@@ -7,13 +7,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from litestar import Controller, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody
+from llama_tools.auth import key_scope
 
 from llama_engine import StateFileError
 
 from ..errors import ApiError
 from ..schemas import SlotFileBody
+from ..state import SlotRecord
 from ._common import SharedState, json_response
 
 __all__ = ["SlotsController", "valid_filename"]
@@ -39,8 +41,11 @@ def valid_filename(name: str) -> bool:
 
 class SlotsController(Controller):
     @get("/slots")
-    async def slots(self, server: SharedState, fail_on_no_slot: FromQuery[str | None] = None) -> Response:
+    async def slots(
+        self, request: Request, server: SharedState, fail_on_no_slot: FromQuery[str | None] = None
+    ) -> Response:
         st = server
+        scope = key_scope(st.config.api_keys, request.headers)  # another key's tasks show as blank
         if not st.config.endpoint_slots:
             raise ApiError(
                 "This server does not support slots endpoint. Start it with `--slots`", "not_supported_error"
@@ -55,6 +60,9 @@ class SlotsController(Controller):
             entry: dict[str, Any] = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": speculative}
             entry["is_processing"] = busy
             rec = st.slots.get(slot.id)
+            mine = slot.scope == scope
+            if rec is not None and rec.scope != scope:
+                rec = SlotRecord()
             if rec is not None:
                 entry.update(
                     id_task=rec.id_task,
@@ -66,7 +74,7 @@ class SlotsController(Controller):
                             "has_next_token": busy,
                             "has_new_line": False,
                             "n_remain": -1,
-                            "n_decoded": slot.n_generated if busy else 0,
+                            "n_decoded": slot.n_generated if busy and mine else 0,
                         }
                     ],
                 )
@@ -78,6 +86,7 @@ class SlotsController(Controller):
     @post("/slots/{id_slot:str}", status_code=200)
     async def action(
         self,
+        request: Request,
         server: SharedState,
         id_slot: FromPath[str],
         action: FromQuery[str] = "",
@@ -105,13 +114,14 @@ class SlotsController(Controller):
             filename = data.filename
         engine = st.require_engine()
         sid %= engine.config.n_parallel  # positive ids wrap, as the reference's
+        scope = key_scope(st.config.api_keys, request.headers)  # a key saves and erases only its own cache
         if action == "erase":
-            n_erased = await asyncio.to_thread(engine.erase_slot, sid)
+            n_erased = await asyncio.to_thread(engine.erase_slot, sid, scope)
             return json_response({"id_slot": sid, "n_erased": n_erased})
         path = Path(st.config.slot_save_path) / filename
         if action == "save":
             try:
-                res = await asyncio.to_thread(engine.save_slot, sid, path)
+                res = await asyncio.to_thread(engine.save_slot, sid, path, scope)
             except OSError as e:
                 raise ApiError(f"Unable to save slot: {e.strerror or e}", "server_error") from None
             return json_response(
@@ -119,7 +129,7 @@ class SlotsController(Controller):
                 | {"timings": {"save_ms": res.ms}}
             )
         try:
-            res = await asyncio.to_thread(engine.restore_slot, sid, path)
+            res = await asyncio.to_thread(engine.restore_slot, sid, path, scope)  # restored: the caller's
         except StateFileError as e:
             raise ApiError(f"Unable to restore slot: {e}") from None
         st.slots.pop(sid, None)  # the slot's last task is not what it holds any more
