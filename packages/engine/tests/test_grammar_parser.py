@@ -3,6 +3,7 @@ error messages, and hostile grammars answered with a clear error in bounded time
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from grammar_cases import LLAMA_CPP_SRC, parser_cases
 from llama_engine.grammar import (
     MAX_ELEMENTS,
     MAX_NESTING,
+    MAX_REPETITION_THRESHOLD,
     ElementType,
     GrammarError,
     bind_tokens,
@@ -32,8 +34,17 @@ def test_every_grammar_of_llama_cpp_parses(path) -> None:
     assert all(r and r[-1][0] == ElementType.END for r in g.rules)
 
 
+def _count_over_limit(grammar: str) -> bool:
+    return any(int(n) > MAX_REPETITION_THRESHOLD for n in re.findall(r"\{[0-9,]*?([0-9]+)\}", grammar))
+
+
 @pytest.mark.parametrize("case", PARSER_OK, ids=lambda c: " ".join(c.grammar.split())[:50])
 def test_rules_and_symbol_ids_equal_llama_cpp(case) -> None:
+    if _count_over_limit(case.grammar):
+        # llama.cpp reads a maximum above its bound as "no maximum" ({0,5000} as *); ours refuses every
+        # count above the bound, naming it
+        _fails_fast(case.grammar, f"a repetition count is at most {MAX_REPETITION_THRESHOLD}")
+        return
     g = parse_grammar(case.grammar)
     assert g.symbol_ids == case.symbols
     flat = [(ElementType(t).name, v) for rule in g.rules for t, v in rule]
@@ -156,6 +167,34 @@ def test_60000_nested_parentheses() -> None:
 )
 def test_huge_repetitions(text: str, match: str) -> None:
     _fails_fast(text, match)
+
+
+LIMIT = f"a repetition count is at most {MAX_REPETITION_THRESHOLD}"
+
+
+@pytest.mark.parametrize(
+    ("count", "got"),
+    [
+        ("{1000000}", "got 1000000"),
+        ("{2001}", "got 2001"),
+        ("{2001,}", "got 2001"),
+        ("{0,2001}", "got 2001"),
+        ("{0,2147483648}", "got 2147483648"),
+        ("{1,18446744073709551616}", "got 18446744073709551616"),
+        ("{" + "9" * 5000 + "}", "got a number of 5000 digits"),
+        ("{0," + "9" * 100_000 + "}", "got a number of 100000 digits"),
+    ],
+)
+def test_every_repetition_count_is_bounded(count: str, got: str) -> None:
+    """`{n}`, `{m,}` and `{m,n}` alike: a count above the limit is refused, the maximum too (llama.cpp would
+    read `{0,2147483648}` as `*`), before it is converted or expanded."""
+    _fails_fast(f'root ::= "a"{count}', f"{LIMIT}, {got}")
+    _fails_fast(f'root ::= ("a" | [b-c]){count} "d"', LIMIT)
+
+
+@pytest.mark.parametrize("count", ["{2000}", "{2000,}", "{0,2000}", "{1999,2000}", "{0002000}"])
+def test_repetition_counts_at_the_limit(count: str) -> None:
+    assert parse_grammar(f'root ::= "a"{count}')
 
 
 def test_long_rule_chains_cost_linear_time() -> None:

@@ -103,6 +103,42 @@ def test_refused(schema: Any, message: str) -> None:
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "string", "minLength": 2001}, "minLength 2001 is over the supported 2000"),
+        ({"type": "string", "maxLength": 2147483648}, "maxLength 2147483648 is over the supported 2000"),
+        ({"type": "string", "maxLength": 10**50}, "maxLength of 51 digits is over the supported 2000"),
+        ({"type": "array", "minItems": 1000000}, "minItems 1000000 is over the supported 2000"),
+        ({"type": "array", "maxItems": 2147483648}, "maxItems 2147483648 is over the supported 2000"),
+        ({"type": "array", "maxItems": 1e300}, "maxItems of 301 digits is over the supported 2000"),
+        ({"type": "string", "pattern": "^a{0,2147483648}$"}, "repetition count over 2000"),
+        ({"type": "string", "pattern": "^a{2001,}$"}, "repetition count over 2000"),
+        ({"type": "string", "pattern": "^a{" + "9" * 5000 + "}$"}, "repetition count over 2000"),
+        ({"type": "string", "pattern": "^a{\u00b2}$"}, "invalid repetition"),
+    ],
+)
+def test_counts_are_bounded(schema: Any, message: str) -> None:
+    """Every count the converter writes as a repetition is held to the grammar parser's bound (and named)
+    before anything is written, so a schema never yields a grammar the parser refuses or expands far."""
+    t0 = time.monotonic()
+    with pytest.raises(SchemaError) as e:
+        json_schema_to_grammar(schema)
+    assert message in str(e.value) and time.monotonic() - t0 < 1
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "minLength": 2000, "maxLength": 2000},
+        {"type": "array", "items": {"type": "integer"}, "minItems": 2000},
+        {"type": "string", "pattern": "^a{0,2000}$"},
+    ],
+)
+def test_counts_at_the_bound_parse(schema: Any) -> None:
+    assert parse_grammar(json_schema_to_grammar(schema))
+
+
 def test_hostile_schemas_bounded() -> None:
     deep: Any = {"type": "string"}
     for _ in range(100_000):

@@ -275,9 +275,8 @@ class _Parser:
         s = self.src
         if not "0" <= s[pos] <= "9":
             raise self.fail("expecting an int", pos)
-        end = self.int_end(pos)
-        lo = int(s[pos:end])
-        pos = self.space(end, nested)
+        pos, lo = self.count(pos)
+        pos = self.space(pos, nested)
         hi = _NO_MAX
         if s[pos] == "}":
             hi = lo
@@ -285,21 +284,29 @@ class _Parser:
         elif s[pos] == ",":
             pos = self.space(pos + 1, nested)
             if "0" <= s[pos] <= "9":
-                end = self.int_end(pos)
-                hi = int(s[pos:end])
-                pos = self.space(end, nested)
+                pos, hi = self.count(pos)
+                pos = self.space(pos, nested)
             if s[pos] != "}":
                 raise self.fail("expecting '}'", pos)
             pos = self.space(pos + 1, nested)
         else:
             raise self.fail("expecting ','", pos)
-        if lo > MAX_REPETITION_THRESHOLD:
-            raise _Fail(
-                "number of repetitions exceeds sane defaults, please reduce the number of repetitions", pos
-            )
-        if hi != _NO_MAX and hi > MAX_REPETITION_THRESHOLD:
-            hi = _NO_MAX  # llama.cpp: a too large maximum means "no maximum"
         return pos, lo, hi
+
+    def count(self, pos: int) -> tuple[int, int]:
+        """A repetition count at ``pos`` and the position after it. llama.cpp refuses a minimum above
+        MAX_REPETITION_THRESHOLD but reads such a maximum as "no maximum" (``{0,2147483648}`` would quietly
+        mean ``*``): every count is held to the bound here, checked before it is converted or expanded."""
+        end = self.int_end(pos)
+        digits = self.src[pos:end].lstrip("0") or "0"
+        if len(digits) <= len(str(MAX_REPETITION_THRESHOLD)) and int(digits) <= MAX_REPETITION_THRESHOLD:
+            return end, int(digits)
+        got = digits if len(digits) <= 20 else f"a number of {len(digits)} digits"
+        raise _Fail(
+            "number of repetitions exceeds sane defaults, please reduce the number of repetitions "
+            f"(a repetition count is at most {MAX_REPETITION_THRESHOLD}, got {got})",
+            pos,
+        )
 
     def repeat(self, pos: int, name: str, rule: list[Element], st: _Seq, lo: int, hi: int) -> None:
         """S{m,n} -> m copies of S, then n-m nested optional rules S'(x) ::= S S'(x-1) | (llama.cpp's

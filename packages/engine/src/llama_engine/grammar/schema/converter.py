@@ -153,8 +153,9 @@ class SchemaConverter:
             v = int(v)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise SchemaError(f"{key} must be a non-negative integer")
-        if v > MAX_COUNT:
-            raise SchemaError(f"{key} {v} is over the supported {MAX_COUNT}")
+        if v > MAX_COUNT:  # checked before any repetition is written, let alone expanded
+            shown = v if v < 10**20 else f"of {len(str(v))} digits"
+            raise SchemaError(f"{key} {shown} is over the supported {MAX_COUNT}")
         return v
 
     def _resolve(self, ref: str) -> Any:

@@ -12,6 +12,7 @@ has no grammar equivalent (lookaround, backreferences, word boundaries, possessi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from .rules import INT_MAX, SchemaError, repetition
@@ -25,6 +26,7 @@ _NON_LITERAL = frozenset("|.()[]{}*+?^$")
 _META_ESCAPES = frozenset("^$.[]()|{}*+?")
 _SHORT_ESCAPES = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
 _HEX_LEN = {"x": 2, "u": 4, "U": 8}
+_DIGITS = re.compile(r"[0-9]+")
 _JSON_SHORT = {0x08: "\\\\b", 0x09: "\\\\t", 0x0A: "\\\\n", 0x0C: "\\\\f", 0x0D: "\\\\r"}
 # what a JSON string may hold unescaped is everything but these
 _UNSAFE_RANGES = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
@@ -104,6 +106,16 @@ class _Pattern:
 
     def fail(self, what: str) -> SchemaError:
         return SchemaError(f"pattern {self.whole!r} is not supported: {what}")
+
+    def count(self, text: str, default: int) -> int:
+        """A repetition count of ``{m,n}`` (``default`` when empty), held to MAX_PATTERN_REPEAT before it
+        is converted (a count of thousands of digits would not even convert)."""
+        digits = text.strip().lstrip("0") or ("0" if text.strip() else "")
+        if not digits:
+            return default
+        if len(digits) > len(str(MAX_PATTERN_REPEAT)) or int(digits) > MAX_PATTERN_REPEAT:
+            raise self.fail(f"repetition count over {MAX_PATTERN_REPEAT}")
+        return int(digits)
 
     # -- escapes -------------------------------------------------------------------------------------
 
@@ -240,14 +252,12 @@ class _Pattern:
         self.i = end + 1
         if (
             len(nums) not in (1, 2)
-            or not all(n.strip().isdigit() or n == "" for n in nums)
+            or not all(_DIGITS.fullmatch(n.strip()) or n == "" for n in nums)
             or (nums[0] == "" and len(nums) == 1)
         ):
             raise self.fail("invalid repetition in curly brackets")
-        lo = int(nums[0]) if nums[0] else 0
-        hi = lo if len(nums) == 1 else (int(nums[1]) if nums[1] else INT_MAX)
-        if max(lo, hi if hi != INT_MAX else 0) > MAX_PATTERN_REPEAT:
-            raise self.fail(f"repetition count over {MAX_PATTERN_REPEAT}")
+        lo = self.count(nums[0], 0)
+        hi = lo if len(nums) == 1 else self.count(nums[1], INT_MAX)
         if hi < lo:
             raise SchemaError(f"invalid pattern {p!r}: min repeat greater than max repeat")
         if not seq:
