@@ -134,3 +134,12 @@ def test_cache_types(captured):
     assert (_cfg(captured).cache_type_k, _cfg(captured).cache_type_v) == ("q8_0", "q4_0")
     r = CliRunner().invoke(main, ["-fa", "off", "-ctv", "q4_0"])
     assert r.exit_code != 0 and "quantized V cache requires flash_attn" in r.output
+
+
+def test_logit_bias_flag(captured):
+    r = CliRunner().invoke(main, ["-l", "15+1e30", "-l", "16-2.5", "--logit-bias", "2-inf"])
+    assert r.exit_code == 0, r.output
+    assert _cfg(captured).sampling.logit_bias == ((15, 1e30), (16, -2.5), (2, float("-inf")))
+    for value in ("15+1e308", "15-1e308", "15+1e31", "15+inf", "15+nan"):
+        r = CliRunner().invoke(main, ["--logit-bias", value])
+        assert r.exit_code == 2 and "finite within" in r.output, (value, r.output)

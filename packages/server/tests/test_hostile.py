@@ -139,6 +139,81 @@ def test_hostile_request(client, name, path, body):
     assert client.get("/health").status_code == 200
 
 
+BIAS_ENDPOINTS = [
+    (C, {"prompt": "x"}),
+    (V1C, {"prompt": "x"}),
+    (CHAT, {"messages": M}),
+    ("/infill", {"input_prefix": "def f(", "input_suffix": "):"}),  # SmolLM2 has no infill: out of range only
+]
+BIAS_FORMS = [
+    ("list-id", lambda b: [[15, b]]),
+    ("list-text", lambda b: [["Hello", b]]),
+    ("object-id", lambda b: {"15": b}),
+    ("object-text", lambda b: {"Hello": b}),
+]
+
+
+@pytest.mark.parametrize("bias", [1e308, -1e308, 1e31, -1e31, 10**40], ids=str)
+@pytest.mark.parametrize(("form", "make"), BIAS_FORMS, ids=[f[0] for f in BIAS_FORMS])
+@pytest.mark.parametrize(("path", "base"), BIAS_ENDPOINTS, ids=[e[0] for e in BIAS_ENDPOINTS])
+def test_logit_bias_out_of_range(client, path, base, form, make, bias):
+    """A bias that float32 would turn into infinity (or that is beyond the float fields' ±1e30) is a 400
+    naming the field, not a silent ban or boost."""
+    r = client.post(path, json={**base, "n_predict": 1, "logit_bias": make(bias)})
+    err = assert_error(r, 400, "invalid_request_error")
+    assert "logit_bias" in err["message"] and "1e+30" in err["message"], err
+    assert client.get("/health").status_code == 200
+
+
+def test_logit_bias_overflowing_literal(client):
+    """A literal beyond float64 is refused as the body is read (before the fields are known)."""
+    for bias in (b"[[15, 1e999]]", b'{"15": -1e999}'):
+        body = b'{"prompt": "x", "logit_bias": ' + bias + b"}"
+        r = client.post(C, content=body, headers={"Content-Type": "application/json"})
+        assert "out of range" in assert_error(r, 400)["message"]
+
+
+@pytest.mark.parametrize(("path", "base"), BIAS_ENDPOINTS[:3], ids=[e[0] for e in BIAS_ENDPOINTS[:3]])
+def test_logit_bias_valid_forms(client, path, base):
+    """llama.cpp's accepted forms stay accepted: ids and text in both forms, `false` (a ban), the bounds
+    themselves; entries of other shapes are skipped, as llama.cpp skips them."""
+    for bias in (
+        [[15, 1e30], [16, -1e30], ["Hello", 2.5], [17, False], ["world", False], [18, True], [19, "x"], [1]],
+        {"15": 1e30, "16": -1e30, "Hello": -0.5, "17": False},
+        [],
+        {},
+    ):
+        r = client.post(path, json={**base, "n_predict": 1, "logit_bias": bias})
+        assert r.status_code == 200, (bias, r.text[:300])
+    if path == C:
+        r = client.post(C, json={"prompt": "x", "n_predict": 1, "logit_bias": [[15, 1e30], [17, False]]})
+        settings = r.json()["generation_settings"]["logit_bias"]
+        assert {"bias": 1e30, "token": 15} in settings and any(e["token"] == 17 for e in settings)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        (C, {"prompt": "x", "grammar": 'root ::= "a"{0,2147483648}'}, "at most 2000, got 2147483648"),
+        (C, {"prompt": "x", "grammar": 'root ::= "a"{2001,}'}, "at most 2000, got 2001"),
+        (CHAT, {"messages": M, "grammar": 'root ::= "a"{1000000}'}, "at most 2000, got 1000000"),
+        (C, {"prompt": "x", "grammar": 'root ::= "a"{' + "9" * 5000 + "}"}, "at most 2000, got a number of"),
+        (
+            C,
+            {"prompt": "x", "json_schema": {"type": "string", "maxLength": 2**31}},
+            "over the supported 2000",
+        ),
+        (C, {"prompt": "x", "json_schema": {"type": "array", "minItems": 10**6}}, "over the supported 2000"),
+        (C, {"prompt": "x", "json_schema": {"type": "string", "pattern": "^a{0,99999}$"}}, "over 2000"),
+    ],
+    ids=["max", "open-min", "exact-chat", "digits", "maxLength", "minItems", "pattern"],
+)
+def test_repetition_counts_are_bounded(client, path, body, words):
+    r = client.post(path, json={**body, "n_predict": 1})
+    assert words in assert_error(r, 400, "invalid_request_error")["message"]
+    assert client.get("/health").status_code == 200
+
+
 def test_oversized_body(client):
     body = b'{"prompt": "' + b"a" * (17 * 1024 * 1024) + b'"}'
     r = client.post(C, content=body, headers={"Content-Type": "application/json"})

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from llama_engine.kv_cache import KV_TYPES
 from llama_engine.kv_types import flash_attn_mode
 
 from .model_overrides import parse_override_kv
+from .schemas import MAX_BIAS
 
 __all__ = [
     "api_keys",
@@ -75,9 +77,14 @@ def logit_bias(entries: tuple[str, ...]) -> tuple[tuple[int, float], ...]:
             i = e.find(sep, 1)
             if i > 0:
                 try:
-                    out.append((int(e[:i]), float(e[i:])))
+                    token, bias = int(e[:i]), float(e[i:])
                 except ValueError:
                     raise click.BadParameter(f"invalid logit bias {e!r}") from None
+                if not (abs(bias) <= MAX_BIAS or bias == -math.inf):  # -inf bans the token; NaN fails
+                    raise click.BadParameter(
+                        f"logit bias {e!r}: a bias is -inf (a ban) or finite within ±{MAX_BIAS:g}"
+                    )
+                out.append((token, bias))
                 break
         else:
             raise click.BadParameter(f"invalid logit bias {e!r} (expected TOKEN+BIAS or TOKEN-BIAS)")

@@ -19,6 +19,7 @@ from .errors import ApiError
 
 __all__ = [
     "INT32_MAX",
+    "MAX_BIAS",
     "MAX_BIAS_ENTRIES",
     "MAX_BIAS_TEXT_CHARS",
     "MAX_MESSAGES",
@@ -47,12 +48,14 @@ __all__ = [
     "TokenizeBody",
     "bias_pairs",
     "bias_text_keys",
+    "check_bias_values",
     "token_id",
 ]
 
 INT32_MAX = 2**31 - 1
 MAX_MESSAGES = 4096
 MAX_BIAS_ENTRIES = 4096
+MAX_BIAS = 1e30  # a logit_bias value's magnitude, as the float fields: it must stay finite in float32
 # characters of all the text keys of one logit_bias together (each key is tokenized)
 MAX_BIAS_TEXT_CHARS = 1 << 16
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
@@ -90,6 +93,28 @@ def token_id(key: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def check_bias_values(value: Any) -> None:
+    """ValueError for a logit_bias value (a number; `false` bans and other values are skipped, as
+    llama.cpp does) that is not finite or whose magnitude exceeds MAX_BIAS."""
+    if isinstance(value, dict):
+        named = [(f"key {k[:64]!r}", b) for k, b in value.items()]
+    else:
+        named = [(f"entry {i}", e[1]) for i, e in enumerate(value) if isinstance(e, list) and len(e) == 2]
+    for where, bias in named:
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            continue
+        if abs(bias) <= MAX_BIAS:  # False for NaN; ints of any size compare exactly
+            continue
+        try:
+            shown = f"{bias:.6g}"
+        except OverflowError:  # an integer beyond float range
+            shown = f"of {len(str(abs(bias)))} digits"
+        raise ValueError(
+            f"logit_bias {where}: bias {shown} is out of range; a bias must be finite and within "
+            f"-{MAX_BIAS:g} .. {MAX_BIAS:g} (false bans a token)"
+        )
 
 
 def bias_text_keys(value: Any) -> list[str]:
@@ -176,6 +201,7 @@ class GenParams(msgspec.Struct, kw_only=True):
     def __post_init__(self) -> None:
         # checked as the body is decoded, so a request is refused before any of its text is tokenized
         if self.logit_bias is not None:
+            check_bias_values(self.logit_bias)
             n = sum(len(k) for k in bias_text_keys(self.logit_bias))
             if n > MAX_BIAS_TEXT_CHARS:
                 raise ValueError(
