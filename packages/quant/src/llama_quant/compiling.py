@@ -10,7 +10,10 @@ an on-disk cache, so only a first start pays. Three things here make that first 
   file only, not against the files of the kernels it calls (which it compiled into it): edit a helper in
   one module and the cached callers in other modules would keep the old code. So the default folder is
   named after the sources of the packages with kernels (each file's size and modification time): any
-  change to them starts a fresh cache, and the few most recent caches are kept.
+  change to them starts a fresh cache, and the few most recent caches are kept. Several installs on one
+  machine share that parent folder: every process holds a shared lock on an in-use file in the cache it
+  uses, for its lifetime, and an older cache is removed only when nobody holds it and it has gone unused
+  for a day, so one install never removes a cache another is compiling into.
 - ``CompileWatch`` listens to numba's compile events and reports each kernel it compiles (name, seconds).
 - ``precompile(jobs)`` runs warm-up jobs in child processes at once: numba compiles under one global lock
   per process, so two processes are the only way to use two cores. The children write into the shared
@@ -53,6 +56,7 @@ __all__ = [
     "default_cache_dir",
     "plan_compiles",
     "precompile",
+    "prune_caches",
     "shared_compiles",
     "sources_digest",
 ]
@@ -65,6 +69,9 @@ _CACHE_ENV = "NUMBA_CACHE_DIR"
 _KERNEL_PACKAGES = ("llama_quant", "llama_engine")  # the packages whose modules hold numba kernels
 _LEGACY_CACHE = re.compile(r"\w+_[0-9a-f]{40}")
 _KEPT_CACHES = 3  # source versions whose caches stay (a few venvs or checkouts side by side)
+_PRUNE_IDLE = 24 * 3600.0  # seconds a cache beyond those stays after its last use
+_IN_USE = "in-use.lock"  # in each cache folder: shared-locked by every process using the folder
+_held: dict[str, int] = {}  # cache folder -> the descriptor holding its in-use lock (for this process's life)
 
 
 def default_cache_dir() -> Path:
@@ -88,19 +95,70 @@ def sources_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _prune(base: Path, current: Path) -> None:
-    """Remove the source-version caches under ``base`` beyond the ``_KEPT_CACHES`` most recently used, and
-    what earlier versions kept in ``base`` itself (numba's ``<module>_<40 hex digits>`` folders)."""
-    with contextlib.suppress(OSError):
-        os.utime(current)
+def _hold(folder: Path) -> int | None:
+    """Take a shared lock on ``folder``'s in-use file for the life of this process (``prune_caches`` leaves
+    a folder alone while anyone holds it) and mark the folder used now; the file descriptor, or None."""
+    lock = folder / _IN_USE
+    for _ in range(8):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a pruner decides about this folder
+            held, there = os.fstat(fd), os.stat(lock)
+            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                os.utime(folder)
+                return fd
+        except OSError:  # pruned between the open and the lock: make it again
+            pass
+        os.close(fd)
+    return None
+
+
+def _remove_if_idle(folder: Path, used_before: float) -> bool:
+    """Remove ``folder`` if no process holds its in-use lock and it was last used before ``used_before``
+    (a Unix time). The exclusive lock is held while it is removed, so a process that starts using the
+    folder meanwhile waits, sees its lock file gone and makes the folder again."""
+    try:
+        last_used = folder.stat().st_mtime  # before the lock file is made, which would touch the folder
+        fd = os.open(folder / _IN_USE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # in use
+        os.close(fd)
+        return False
+    try:
+        if last_used >= used_before:
+            return False
+        shutil.rmtree(folder, ignore_errors=True)
+        return not folder.exists()
+    finally:
+        os.close(fd)
+
+
+def prune_caches(
+    base: Path, current: Path, keep: int = _KEPT_CACHES, idle_seconds: float = _PRUNE_IDLE
+) -> list[Path]:
+    """Remove the source-version caches under ``base`` beyond the ``keep`` most recently used (``current``
+    counts as one), and what earlier versions kept in ``base`` itself (numba's ``<module>_<40 hex digits>``
+    folders); returns what was removed. Several installs share ``base``, so a folder goes only when no
+    process holds its in-use lock (every process using a cache holds it for its lifetime) and it has not
+    been used for ``idle_seconds``."""
+    try:
         olds = sorted(
             (p for p in base.glob("src-*") if p.is_dir() and p != current),
             key=lambda p: p.stat().st_mtime,
             reverse=True,
         )
         legacy = [p for p in base.iterdir() if p.is_dir() and _LEGACY_CACHE.fullmatch(p.name)]
-        for old in [*olds[_KEPT_CACHES - 1 :], *legacy]:
-            shutil.rmtree(old, ignore_errors=True)
+    except OSError:
+        return []
+    used_before = time.time() - idle_seconds
+    return [old for old in [*olds[max(keep - 1, 0) :], *legacy] if _remove_if_idle(old, used_before)]
 
 
 def configure_cache() -> Path | None:
@@ -119,8 +177,12 @@ def configure_cache() -> Path | None:
             return None
     except OSError:
         return None
+    if str(path) not in _held:
+        fd = _hold(path)
+        if fd is not None:
+            _held[str(path)] = fd
     if not chosen:
-        _prune(path.parent, path)
+        prune_caches(path.parent, path)
     os.environ[_CACHE_ENV] = str(path)
     # numba read the environment when it was imported
     _numba_config.CACHE_DIR = str(path)  # type: ignore[attr-defined]
@@ -182,6 +244,8 @@ def _function_lock(dispatcher: Any) -> Iterator[None]:
     key = hashlib.sha1(
         f"{dispatcher.py_func.__code__.co_filename}:{_kernel_name(dispatcher)}".encode()
     ).hexdigest()
+    # the lock folder may have been removed under us (a cache cleared by hand): make it again
+    os.makedirs(_lock_dir, exist_ok=True)
     with open(os.path.join(_lock_dir, key[:20] + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when a crashed process exits
         yield
