@@ -4,8 +4,9 @@ message per line on its stdin/stdout, its stderr drained to the debug log.
 The SDK's own `stdio_client` waits 2 s for a child to exit after closing its stdin, then 2 s more after
 SIGTERM, and does not expose the process. A server with a slow call in flight would then hold shutdown
 for seconds, and a dead child could only be noticed through a failed call. This transport keeps the
-process (`returncode` tells a dead child before the next call), gives a child 0.3 s after its stdin
-closes, then kills its whole process group (a grandchild holding the pipes open cannot stall anything).
+process (`returncode` tells a dead child before the next call), gives a child 0.2 s after its stdin
+closes and 0.2 s more after SIGTERM to its process group, then kills the whole group (a grandchild holding
+the pipes open cannot stall anything).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -30,7 +32,8 @@ __all__ = ["StdioChild", "open_stdio"]
 log = logging.getLogger("llama_tools.mcp")
 
 _LINE_LIMIT = 64 * 1024 * 1024  # one message per line; a longer line ends the transport
-_EXIT_GRACE = 0.3
+_EXIT_GRACE = 0.2  # after its stdin closes
+_TERM_GRACE = 0.2  # after SIGTERM, before SIGKILL
 
 
 @dataclass
@@ -87,10 +90,15 @@ async def _drain_stderr(proc: asyncio.subprocess.Process, name: str) -> None:
             log.debug("MCP %s: %s", name, line.decode("utf-8", "replace").rstrip())
 
 
+def _terminate_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+
+
 @contextlib.asynccontextmanager
 async def open_stdio(spec: McpServerSpec) -> AsyncIterator[StdioChild]:
     """Spawn the server (OSError when it cannot be), yield its transport, and on exit close its stdin,
-    wait briefly, then kill its process group."""
+    wait briefly, SIGTERM its process group, wait briefly again, then kill the group."""
     proc = await asyncio.create_subprocess_exec(
         spec.command,
         *spec.args,
@@ -117,7 +125,9 @@ async def open_stdio(spec: McpServerSpec) -> AsyncIterator[StdioChild]:
             with contextlib.suppress(OSError, RuntimeError):
                 proc.stdin.close()
         with contextlib.suppress(BaseException):
-            await wait_exit(proc, _EXIT_GRACE)
+            if not await wait_exit(proc, _EXIT_GRACE):
+                _terminate_group(proc)  # a child busy in a call reads no EOF: ask it to stop, then kill
+                await wait_exit(proc, _TERM_GRACE)
         kill_group(proc)
         for task in tasks:
             task.cancel()
