@@ -45,7 +45,9 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     config.write_text(json.dumps({"mcpServers": bad}))
     # `--tools-dir /`: anywhere, as llama.cpp (its cases use absolute paths all over the machine);
     # the default confinement is tested below
+    # `--cors-proxy-allow 127.0.0.1`: the proxy cases reach an upstream and this server on loopback
     s = start_server(tmp, "-c", "256", "-np", "1", "--tools", "all", "--tools-dir", "/", "--ui-mcp-proxy", "--api-key", KEY,
+                     "--cors-proxy-allow", "127.0.0.1",
                      "--mcp-servers-config", str(config), "--mcp-servers-json", servers)  # fmt: skip
     yield s
     stop_server(s)
@@ -259,9 +261,9 @@ def test_start_up_errors(tmp_path, monkeypatch, args, message):
 
 
 def test_sigterm_with_a_slow_call_and_a_grandchild(tmp_path):
-    """SIGTERM during a 10 s MCP call: the call is answered at once (`cancelled`), the grandchild holding
-    its server's pipes stalls nothing. (The bound leaves room for the engine's own shutdown, which takes
-    about 4 s on 2 busy cores with or without tools.)"""
+    """SIGTERM during a 10 s MCP call (llama.cpp's test_mcp_slow_tool_call_slot_release): the call is
+    answered at once (`cancelled`), the grandchild holding its server's pipes stalls nothing, and the
+    server exits within llama.cpp's 3 s."""
     servers = {
         "slow": {"command": sys.executable, "args": [str(FIXTURES / "mcp_slow_server.py"), "--delay", "10"]},
         "gc": {"command": sys.executable, "args": [str(FIXTURES / "mcp_grandchild_server.py")]},
@@ -289,7 +291,8 @@ def test_sigterm_with_a_slow_call_and_a_grandchild(tmp_path):
                 res = pending.result(timeout=5)
         assert res.status_code == 200 and res.json() == {"error": "cancelled"}, res.text
         assert answered["at"] - start < 1.5, "the call in flight was not ended by the shutdown"
-        assert elapsed < 8, f"shutdown took {elapsed:.1f} s"
+        assert elapsed < 3, f"shutdown took {elapsed:.2f} s"
+        print(f"SIGTERM to exit: {elapsed:.2f} s")
     finally:
         if s.proc.poll() is None:
             stop_server(s)

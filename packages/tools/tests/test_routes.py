@@ -24,7 +24,11 @@ def _client(config: ToolsConfig) -> TestClient:
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     root = str(tmp_path_factory.getbasetemp())  # every test's tmp_path is inside the tools directory
-    with _client(ToolsConfig(tools=BUILTIN_TOOL_NAMES, cors_proxy=True, root=root)) as c:
+    # the upstreams below listen on loopback, which the proxy reaches only when allowed
+    config = ToolsConfig(
+        tools=BUILTIN_TOOL_NAMES, cors_proxy=True, cors_proxy_allow=("127.0.0.1",), root=root
+    )
+    with _client(config) as c:
         yield c
 
 

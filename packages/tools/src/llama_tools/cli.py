@@ -15,6 +15,7 @@ from .builtin.io import RuntimeSpecError
 from .config import ToolsConfig, ToolsConfigError, load_mcp_servers, parse_tools_list
 from .cors import CorsPolicy, cors_origins_default
 from .runtime import check_runtime_spec
+from .targets import parse_allow_list
 
 __all__ = ["cors_options", "cors_policy_from_options", "tools_config_from_options", "tools_options"]
 
@@ -24,7 +25,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def tools_options(f: F) -> F:
     """`--tools`, `--tools-runtime`, `-ag/--agent`, `--mcp-servers-config`, `--mcp-servers-json`,
-    `--ui-mcp-proxy`."""
+    `--ui-mcp-proxy`, `--cors-proxy-allow`."""
     o = click.option
     options = [
         o("--tools", "tools", envvar="LLAMA_ARG_TOOLS",
@@ -43,6 +44,10 @@ def tools_options(f: F) -> F:
         o("--mcp-servers-json", envvar="LLAMA_ARG_MCP_SERVERS_JSON", help="MCP servers JSON, inline."),
         o("--ui-mcp-proxy/--no-ui-mcp-proxy", "--webui-mcp-proxy/--no-webui-mcp-proxy", "ui_mcp_proxy",
           default=False, envvar="LLAMA_ARG_UI_MCP_PROXY", help="Serve /cors-proxy for the web UI."),
+        o("--cors-proxy-allow", "cors_proxy_allow", envvar="LLAMA_ARG_CORS_PROXY_ALLOW", metavar="LIST",
+          help="Non-public targets /cors-proxy may reach anyway (it refuses loopback, private, link-local "
+          "and other non-public addresses): comma-separated host names, IP addresses and CIDR networks, "
+          "each optionally with :port (IPv6 as [addr]:port), e.g. localhost:8080,10.0.0.0/8."),
     ]  # fmt: skip
     for option in reversed(options):
         f = option(f)
@@ -73,6 +78,7 @@ def tools_config_from_options(kw: dict[str, Any]) -> ToolsConfig:
         runtime = kw.get("tools_runtime") or ""
         check_runtime_spec(runtime)
         root = _tools_dir(kw.get("tools_dir"))
+        allow = _cors_proxy_allow(kw.get("cors_proxy_allow"))
     except (ToolsConfigError, RuntimeSpecError) as e:
         raise click.UsageError(str(e)) from None
     if (kw.get("mcp_servers_config") or kw.get("mcp_servers_json")) and not servers:
@@ -81,9 +87,20 @@ def tools_config_from_options(kw: dict[str, Any]) -> ToolsConfig:
         tools=tools,
         runtime=runtime,
         cors_proxy=bool(kw.get("ui_mcp_proxy") or kw.get("agent")),
+        cors_proxy_allow=allow,
         mcp_servers=servers,
         root=root,
     )
+
+
+def _cors_proxy_allow(value: str | None) -> tuple[str, ...]:
+    """`--cors-proxy-allow` as its entries, each checked now so that a bad one stops start-up."""
+    entries = tuple(e.strip() for e in (value or "").split(",") if e.strip())
+    try:
+        parse_allow_list(entries)
+    except ValueError as e:
+        raise ToolsConfigError(str(e)) from None
+    return entries
 
 
 def _tools_dir(value: str | None) -> str:

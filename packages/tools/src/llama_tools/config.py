@@ -54,7 +54,9 @@ class ToolsConfig(msgspec.Struct, frozen=True):
     """What the tools flags decide.
 
     `tools`: the enabled built-in tools, in the fixed order. `runtime`: `--tools-runtime` ("" = the host).
-    `cors_proxy`: `/cors-proxy` is served (`--ui-mcp-proxy` or `--agent`). `mcp_servers`: from
+    `cors_proxy`: `/cors-proxy` is served (`--ui-mcp-proxy` or `--agent`). `cors_proxy_allow`: the
+    `--cors-proxy-allow` entries, the non-public hosts, addresses and networks it may reach anyway
+    (`targets.parse_allow_list` reads them). `mcp_servers`: from
     `--mcp-servers-config` then `--mcp-servers-json`. `root`: `--tools-dir`, the directory the built-in
     tools' host paths and commands are confined to ("" = the working directory; "/" = anywhere).
     """
@@ -62,6 +64,7 @@ class ToolsConfig(msgspec.Struct, frozen=True):
     tools: tuple[str, ...] = ()
     runtime: str = ""
     cors_proxy: bool = False
+    cors_proxy_allow: tuple[str, ...] = ()
     mcp_servers: tuple[McpServerSpec, ...] = ()
     root: str = ""
 

@@ -17,7 +17,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
 from .builtin import ParamError, RuntimeSpecError
-from .proxy import ProxyError
+from .proxy import ProxyError, TargetRefused
 from .service import ToolError, ToolsService
 
 __all__ = ["FEATURE_DISABLED", "tools_route_handlers"]
@@ -69,6 +69,8 @@ async def _proxy(service: ToolsService, request: Request[Any, Any, Any]) -> Resp
     url = request.query_params.get("url", "")
     try:
         reply = await service.proxy.open(request.method, url, request.headers, await request.body())
+    except TargetRefused as e:
+        return _json({"error": {"code": 403, "message": str(e), "type": "permission_error"}}, 403)
     except ProxyError as e:
         return _json({"error": {"code": 500, "message": str(e), "type": "server_error"}}, 500)
     except httpx.HTTPError as e:

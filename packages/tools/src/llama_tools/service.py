@@ -19,6 +19,7 @@ from .config import ToolsConfig
 from .mcp import McpHub, McpTool
 from .proxy import CorsProxy
 from .runtime import ToolsRuntime
+from .targets import parse_allow_list
 
 __all__ = ["ToolError", "ToolsService"]
 
@@ -58,7 +59,7 @@ class ToolsService:
         self.builtin: dict[str, Tool] = {n: BUILTIN_TOOLS[n] for n in config.tools}
         self.mcp = McpHub(config.mcp_servers)
         self.runtime = ToolsRuntime(config.runtime) if config.runtime else None
-        self.proxy = CorsProxy()
+        self.proxy = CorsProxy(parse_allow_list(config.cors_proxy_allow))
         self.stopping = asyncio.Event()
         # the built-in tools' host paths stay below this directory (symbolic links resolved)
         self.root = os.path.realpath(config.root or os.getcwd())
