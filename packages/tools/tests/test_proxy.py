@@ -146,7 +146,7 @@ def test_redirect_is_relayed_not_followed(upstream):
 
 def _tls_pair(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A CA and a server certificate for `mcp.test` only: (the server's context, a client trusting the CA)."""
-    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
