@@ -16,11 +16,20 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .generation import random_id
 
-__all__ = ["ChatParser", "Diff", "Parsed", "ParsedStream", "ToolCall"]
+__all__ = [
+    "ChatParser",
+    "Diff",
+    "OutputParser",
+    "Parsed",
+    "ParsedStream",
+    "ToolCall",
+    "held_prefix",
+    "keep_ids",
+]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -42,7 +51,7 @@ class Parsed:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
-def _held_prefix(text: str, tags: tuple[str, ...]) -> int:
+def held_prefix(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest tail of `text` that is a proper prefix of one of `tags`."""
     best = 0
     for tag in tags:
@@ -51,6 +60,21 @@ def _held_prefix(text: str, tags: tuple[str, ...]) -> int:
                 best = k
                 break
     return best
+
+
+def keep_ids(ids: list[str], calls: list[ToolCall]) -> None:
+    """Give re-parsed calls the ids their earlier parses got (`ids` grows with new calls)."""
+    for i, call in enumerate(calls):
+        if i < len(ids):
+            call.id = ids[i]
+        else:
+            ids.append(call.id)
+
+
+class OutputParser(Protocol):
+    """What every format's parser does: split the whole text so far (`final`: generation has ended)."""
+
+    def parse(self, text: str, final: bool) -> Parsed: ...
 
 
 def _call(obj: Any) -> ToolCall | None:
@@ -91,7 +115,7 @@ class ChatParser:
                 body = stripped[len(self.open) :] if opened else rest
                 end = body.find(self.close)
                 if end < 0:
-                    hold = 0 if final else _held_prefix(body, (self.close,))
+                    hold = 0 if final else held_prefix(body, (self.close,))
                     out.reasoning = body[: len(body) - hold]
                     if self.legacy:
                         out.content = text[: len(text) - hold]
@@ -105,13 +129,9 @@ class ChatParser:
         if self.tools:
             rest = self._tools(rest, final, out)
         elif not final and self.reasoning and not out.reasoning:
-            rest = rest[: len(rest) - _held_prefix(rest, (self.open,))]
+            rest = rest[: len(rest) - held_prefix(rest, (self.open,))]
         out.content = rest
-        for i, call in enumerate(out.tool_calls):
-            if i < len(self._ids):
-                call.id = self._ids[i]
-            else:
-                self._ids.append(call.id)
+        keep_ids(self._ids, out.tool_calls)
         return out
 
     def _tools(self, text: str, final: bool, out: Parsed) -> str:
@@ -159,7 +179,7 @@ class ChatParser:
                 return ""
             return text
         if not final:
-            hold = _held_prefix(text, (TOOL_OPEN, MISTRAL_TAG, PYTHON_TAG))
+            hold = held_prefix(text, (TOOL_OPEN, MISTRAL_TAG, PYTHON_TAG))
             return text[: len(text) - hold]
         return text
 
@@ -184,8 +204,10 @@ class ParsedStream:
 
     __slots__ = ("last", "parser", "text")
 
-    def __init__(self, reasoning: bool, tools: bool, **options: Any) -> None:
-        self.parser = ChatParser(reasoning, tools, **options)
+    def __init__(
+        self, reasoning: bool, tools: bool, parser: OutputParser | None = None, **options: Any
+    ) -> None:
+        self.parser = parser or ChatParser(reasoning, tools, **options)
         self.text = ""
         self.last = Parsed()
 

@@ -151,6 +151,11 @@ def _render(template: ChatTemplate, tok: Tokenizer, plan: _Plan) -> PromptResult
         segments, thinking_open = _thinking_tail(
             segments, caps, plan.kwargs.get("enable_thinking") is not False
         )
+    # Gemma 4's template opens no model turn after one that ended in content and tool calls (as
+    # llama.cpp, open it, else the model does not start with its thought)
+    gemma4 = caps.chat_format == "gemma4" and plan.add_generation_prompt and not plan.prefill
+    if gemma4 and "".join(t for t, _ in segments).endswith("<turn|>\n"):
+        segments.append(("<|turn>model\n", False))
     if plan.prefill:
         # continue the last assistant message: cut the template text after its content
         last_user = max((i for i, (_, user) in enumerate(segments) if user), default=-1)

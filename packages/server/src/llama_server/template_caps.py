@@ -5,6 +5,8 @@ one), and the message rewrites that make up for what it cannot.
   into the next message, `system + "\\n" + content`.
 - Tool-call arguments as objects (`arguments | tojson`, Qwen 2.5, Hermes): the client's JSON strings are
   parsed to objects first, else the template would print a JSON string of JSON.
+- gpt-oss: an assistant's `reasoning_content` is given to the template as `thinking`, which it reads.
+- Gemma 4's older templates: tool results move onto the assistant turn as `tool_responses`.
 - Thinking: the tags the template writes (`<think>`, Command R7B's `<|START_THINKING|>`), whether its
   generation prompt opens the block itself (DeepSeek R1 distills, QwQ end in `<think>\\n`), and whether it
   reacts to `enable_thinking` (Qwen 3).
@@ -15,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .chat_format import ChatFormat, detect_format
 
 if TYPE_CHECKING:
     from .template import ChatTemplate
@@ -40,6 +44,8 @@ class TemplateCaps:
     forced_open: bool = False  # the generation prompt (thinking on) ends inside an open thinking block
     thinking_switch: bool = False  # the prompt changes with enable_thinking
     maps_developer: bool = True  # the developer role renders as system (all but gpt-oss's channels)
+    chat_format: str = ChatFormat.GENERIC  # the output format of the template's model (chat_format)
+    gemma4_tool_responses: bool = False  # an older Gemma 4 template: tool results on the assistant turn
 
 
 def _try(tmpl: ChatTemplate, messages: list[dict[str, Any]], **kw: Any) -> str | None:
@@ -86,7 +92,11 @@ def probe_caps(tmpl: ChatTemplate) -> TemplateCaps:
             break
     forced = bool(think_open) and on.rstrip().endswith(think_open)
     maps_developer = "<|channel|>" not in tmpl.source
-    return TemplateCaps(system, object_args, think_open, think_close, forced, on != off, maps_developer)
+    fmt = detect_format(tmpl.source)
+    old_gemma4 = fmt == ChatFormat.GEMMA4 and "{#- OpenAI Chat Completions:" not in tmpl.source
+    return TemplateCaps(
+        system, object_args, think_open, think_close, forced, on != off, maps_developer, fmt, old_gemma4
+    )
 
 
 def adapt_messages(messages: list[dict[str, Any]], caps: TemplateCaps) -> list[dict[str, Any]]:
@@ -103,6 +113,62 @@ def adapt_messages(messages: list[dict[str, Any]], caps: TemplateCaps) -> list[d
         for m in out:
             if m.get("tool_calls"):
                 m["tool_calls"] = [_object_args(c) for c in m["tool_calls"]]
+    if caps.chat_format == ChatFormat.GPT_OSS:
+        _harmony_thinking(out)
+    if caps.gemma4_tool_responses:
+        out = _gemma4_turns(out)
+    return out
+
+
+def _harmony_thinking(messages: list[dict[str, Any]]) -> None:
+    """gpt-oss's template reads an assistant's reasoning from `thinking`, and refuses a message with
+    tool calls that has both content and thinking (llama.cpp drops that content)."""
+    for m in messages:
+        if isinstance(m.get("reasoning_content"), str):
+            m["thinking"] = m["reasoning_content"]
+            if m.get("tool_calls"):
+                m.pop("content", None)
+
+
+def _gemma4_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Gemma 4's older templates read tool results from the assistant message's `tool_responses`: an
+    assistant's calls, the tool messages after them and a final answer become one message."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        i += 1
+        if m.get("role") != "assistant" or not m.get("tool_calls"):
+            out.append(m)
+            continue
+        calls = list(m["tool_calls"])
+        turn: dict[str, Any] = {"role": "assistant", "tool_calls": calls}
+        responses: list[dict[str, Any]] = []
+        while i < len(messages) and messages[i].get("role") == "tool":
+            tool = messages[i]
+            i += 1
+            body = tool.get("content")
+            try:
+                response = json.loads(body) if isinstance(body, str) else body
+            except ValueError:
+                response = body
+            fn = calls[len(responses)].get("function") if len(responses) < len(calls) else None
+            name = (fn or {}).get("name") or tool.get("tool_call_id") or ""
+            responses.append({"name": name, "response": response})
+        if responses:
+            turn["tool_responses"] = responses
+        nxt = messages[i] if i < len(messages) else None
+        if (
+            nxt is not None
+            and nxt.get("role") == "assistant"
+            and not nxt.get("tool_calls")
+            and nxt.get("content")
+        ):
+            turn["content"] = nxt["content"]
+            i += 1
+        if isinstance(m.get("reasoning_content"), str):
+            turn["reasoning_content"] = m["reasoning_content"]
+        out.append(turn)
     return out
 
 

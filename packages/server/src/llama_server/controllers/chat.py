@@ -49,7 +49,16 @@ async def prepare_chat(request: Request, server: ServerState, body: ChatBody) ->
     if fmt not in _REASONING_FORMATS:
         raise ApiError(f"Unknown reasoning format: {fmt}", "server_error")
     tools = bool(body.tools) and body.tool_choice != "none"
-    parsing = Parsing(fmt != "none", tools, prompt.thinking_open, fmt == "deepseek-legacy", prompt.think_tags)
+    caps = server.template.caps if server.template is not None else None
+    parsing = Parsing(
+        fmt != "none",
+        tools,
+        prompt.thinking_open,
+        fmt == "deepseek-legacy",
+        prompt.think_tags,
+        caps.chat_format if caps is not None else "generic",
+        list(body.tools or []),
+    )
     return ChatJob(reqs, parsing, len(prompt.tokens))
 
 

@@ -10,7 +10,8 @@ from msgspec.structs import replace
 from llama_engine import FinalEvent, ProgressEvent, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
-from ..chat_parser import ChatParser, Diff, Parsed, ParsedStream
+from ..chat_format import make_parser
+from ..chat_parser import Diff, OutputParser, Parsed, ParsedStream
 from ..generation import (
     ApiTimings,
     ApiUsage,
@@ -31,22 +32,33 @@ __all__ = ["ChatCompletion", "ChatCompletionChunk", "ChatFormatter", "Parsing"]
 
 
 class Parsing(Struct, frozen=True, gc=False):
-    """How a chat request's text is split: `<think>` blocks to reasoning, tool calls extracted."""
+    """How a chat request's text is split: reasoning blocks to reasoning, tool calls extracted, in the
+    output format of the model's template (`chat_format`)."""
 
     reasoning: bool
     tools: bool
     forced_open: bool = False  # the prompt opened the thinking block (chat_parser.ChatParser)
     legacy: bool = False  # reasoning_format deepseek-legacy
     tags: tuple[str, str] = ("<think>", "</think>")
+    format: str = "generic"  # chat_format.ChatFormat
+    tool_defs: list[Any] = []  # the request's tools: the XML format types arguments by their schemas
 
-    def _options(self) -> dict[str, Any]:
-        return {"forced_open": self.forced_open, "legacy": self.legacy, "tags": self.tags}
+    def _parser(self) -> OutputParser:
+        return make_parser(
+            self.format,
+            self.reasoning,
+            self.tool_defs if self.tools else None,
+            self.forced_open,
+            thinking=bool(self.tags[0]),
+            legacy=self.legacy,
+            tags=self.tags,
+        )
 
     def stream(self) -> ParsedStream:
-        return ParsedStream(self.reasoning, self.tools, **self._options())
+        return ParsedStream(self.reasoning, self.tools, parser=self._parser())
 
     def parse(self, text: str) -> Parsed:
-        return ChatParser(self.reasoning, self.tools, **self._options()).parse(text, final=True)
+        return self._parser().parse(text, final=True)
 
 
 class FunctionCall(Struct, gc=False):
