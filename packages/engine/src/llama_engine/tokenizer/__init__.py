@@ -1,9 +1,9 @@
 """Tokenizers built from GGUF metadata, token for token identical to llama.cpp's.
 
-`Tokenizer.from_gguf(gguf_file.tokenizer)` gives `encode` (llama_tokenize), `decode` / `detokenize`
-(llama_detokenize), `token_to_piece` (llama_token_to_piece), `is_eog` and a `StreamingDetokenizer` for
-generated ids. SentencePiece-style ("llama") and GPT-2 byte-level BPE ("gpt2", with the pre-tokenizer named by
-`tokenizer.ggml.pre`) vocabularies are supported.
+`Tokenizer.from_file(gguf_file)` gives `encode` (llama_tokenize), `decode` / `detokenize` (llama_detokenize),
+`token_to_piece` (llama_token_to_piece), `is_eog` and a `StreamingDetokenizer` for generated ids.
+SentencePiece-style ("llama"), GPT-2 byte-level BPE ("gpt2", with the pre-tokenizer named by
+`tokenizer.ggml.pre`, and "gemma4"), WordPiece ("bert") and unigram ("t5") vocabularies are supported.
 """
 
 from .detok import StreamingDetokenizer

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from . import _unicode_data as _ud
 
-__all__ = ["PRE_TOKENIZERS", "PreTokenizer", "PreTokenizerConfig", "pre_tokenizer_config"]
+__all__ = ["PRE_TOKENIZERS", "PreTokenizer", "PreTokenizerConfig", "pre_tokenizer_config", "unicode_flags"]
 
 # ---- the regexes, verbatim from llm_tokenizer_bpe (as the strings the C++ literals denote) ----
 
@@ -337,6 +337,11 @@ def _flags() -> bytes:
     for i in range(0, len(r) - 2, 2):
         out[r[i] : r[i + 2]] = bytes([r[i + 1]]) * (r[i + 2] - r[i])
     return bytes(out)
+
+
+def unicode_flags(cp: int) -> int:
+    """llama.cpp's category flags of a codepoint (`_unicode_data.NUMBER`, `LETTER`, ...)."""
+    return _flags()[cp]
 
 
 @functools.cache

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gguf_io import TokenizerData
 
@@ -10,17 +11,30 @@ from .bpe import BpeTokenizer
 from .detok import PieceTable, StreamingDetokenizer, detokenize
 from .special import SpecialSplitter
 from .spm import SpmTokenizer
+from .ugm import UgmTokenizer
 from .vocab import TokenAttr, Vocab, VocabType
+from .wpm import WpmTokenizer
+
+if TYPE_CHECKING:
+    from gguf_io import GGUFFile
 
 __all__ = ["Tokenizer"]
 
 _HIDDEN = int(TokenAttr.UNKNOWN | TokenAttr.CONTROL)
+_Model = BpeTokenizer | SpmTokenizer | WpmTokenizer | UgmTokenizer
+_MODELS: dict[VocabType, Callable[[Vocab], _Model]] = {
+    VocabType.SPM: SpmTokenizer,
+    VocabType.BPE: BpeTokenizer,
+    VocabType.WPM: WpmTokenizer,
+    VocabType.UGM: UgmTokenizer,
+}
 
 
 class Tokenizer:
-    """A GGUF model's tokenizer (SentencePiece-style or GPT-2 byte-level BPE), built once, then read-only.
+    """A GGUF model's tokenizer (SentencePiece-style, GPT-2 byte-level BPE, WordPiece or unigram), built
+    once, then read-only.
 
-    >>> tok = Tokenizer.from_gguf(gguf_file.tokenizer)
+    >>> tok = Tokenizer.from_file(gguf_file)
     >>> ids = tok.encode("Hello world")          # BOS added when the model asks for it
     >>> tok.decode(ids, skip_special=True)
     'Hello world'
@@ -31,18 +45,28 @@ class Tokenizer:
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
         self._splitter = SpecialSplitter(vocab)
-        self._model: BpeTokenizer | SpmTokenizer = (
-            SpmTokenizer(vocab) if vocab.type == VocabType.SPM else BpeTokenizer(vocab)
-        )
+        self._model = _MODELS[vocab.type](vocab)
         self._pieces = PieceTable(vocab)
 
     @classmethod
     def from_gguf(
-        cls, tokenizer_data: TokenizerData, model_name: str | None = None, architecture: str | None = None
+        cls,
+        tokenizer_data: TokenizerData,
+        model_name: str | None = None,
+        architecture: str | None = None,
+        metadata: Mapping[str, object] | None = None,
     ) -> Tokenizer:
         """Build from `gguf_io.GGUFFile.tokenizer`. `model_name` (general.name) and `architecture` only matter
-        for the few models llama.cpp special-cases by name (phi-3 strips spaces after special tokens)."""
-        return cls(Vocab.from_data(tokenizer_data, model_name, architecture))
+        for the few models llama.cpp special-cases by name (phi-3 strips spaces after special tokens);
+        `metadata` (`GGUFFile.metadata`) gives the normalizer settings of BERT and T5 vocabularies."""
+        return cls(Vocab.from_data(tokenizer_data, model_name, architecture, metadata))
+
+    @classmethod
+    def from_file(cls, gguf_file: GGUFFile) -> Tokenizer:
+        """Build from an open GGUF file (a model or a vocabulary-only file), with everything llama.cpp reads."""
+        return cls.from_gguf(
+            gguf_file.tokenizer, gguf_file.header.name, gguf_file.header.architecture, gguf_file.metadata
+        )
 
     def warmup(self) -> None:
         """Build the lazily built tables (unicode categories, the special-token regexes) now, not on the
@@ -60,7 +84,7 @@ class Tokenizer:
         """
         v = self.vocab
         out: list[int] = []
-        if add_special and v.add_bos:
+        if add_special and (v.add_bos or v.type == VocabType.WPM):
             out.append(self._required(v.bos_id, "BOS"))
         frags = self._splitter.split(text, parse_special)
         if v.type == VocabType.SPM:
@@ -75,6 +99,13 @@ class Tokenizer:
                     frag = " " + frag
                 spm.encode(frag.replace(" ", "\u2581"), out)
                 prev_special = False
+        elif v.type in (VocabType.WPM, VocabType.UGM):
+            model = self._model
+            for frag in frags:
+                if isinstance(frag, int):
+                    out.append(frag)
+                else:
+                    model.encode(frag, out)
         else:
             bpe = self._model
             for frag in frags:
@@ -82,7 +113,9 @@ class Tokenizer:
                     out.append(frag)
                 else:
                     bpe.encode(frag.replace(" ", "\u2581") if v.escape_whitespaces else frag, out)
-        if add_special and v.add_eos:
+        if add_special and v.type == VocabType.WPM:
+            out.append(self._required(v.sep_id, "SEP"))  # WordPiece wraps the text in [CLS] ... [SEP]
+        elif add_special and v.add_eos:
             out.append(self._required(v.eos_id, "EOS"))
         return out
 

@@ -7,7 +7,7 @@ Everything here is computed once from `gguf_io.TokenizerData` and then only read
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 
@@ -25,6 +25,8 @@ class VocabType(IntEnum):
 
     SPM = 1  # SentencePiece-style, `tokenizer.ggml.model` = "llama"
     BPE = 2  # GPT-2 byte-level BPE, "gpt2" (and "gemma4": BPE on raw UTF-8)
+    WPM = 3  # WordPiece, "bert"
+    UGM = 4  # SentencePiece unigram, "t5"
 
 
 class TokenAttr(IntFlag):
@@ -170,14 +172,28 @@ class Vocab:
     eog_ids: frozenset[int]
     special_order: tuple[int, ...]  # cache_special_tokens: control/user-defined/unknown, longest text first
     merges: dict[tuple[str, str], int]  # bpe_ranks
+    remove_extra_whitespaces: bool  # UGM: runs of spaces become one
+    lowercase: bool  # WPM (BertNormalizer): lowercase each codepoint
+    strip_accents: bool  # WPM: decompose and drop accent marks
+    charsmap: bytes  # UGM: SentencePiece's precompiled normalization map (empty: none)
+    # UGM: the attributes as the file gives them; llama.cpp builds its token trie from these, before it marks
+    # end-of-generation texts as control tokens
+    matcher_attrs: tuple[int, ...] | None
 
     @classmethod
     def from_data(
-        cls, data: TokenizerData, model_name: str | None = None, architecture: str | None = None
+        cls,
+        data: TokenizerData,
+        model_name: str | None = None,
+        architecture: str | None = None,
+        metadata: Mapping[str, object] | None = None,
     ) -> Vocab:
         """Build as llama_vocab::impl::load does; `model_name` (general.name) and `architecture` only
-        select llama.cpp's per-model strip attributes (phi-3, jina, modern-bert)."""
-        b = _Builder(data)
+        select llama.cpp's per-model strip attributes (phi-3, jina, modern-bert). `metadata` (the file's
+        key/value mapping) supplies the normalizer keys `TokenizerData` does not carry: BERT's
+        `tokenizer.ggml.normalizer.*` and T5's `tokenizer.ggml.precompiled_charsmap`, which a "t5"
+        vocabulary requires."""
+        b = _Builder(data, metadata)
         b.attributes_by_name(model_name or "", architecture or "", data.pre or "")
         return b.finish(cls)
 
@@ -185,7 +201,7 @@ class Vocab:
 class _Builder:
     """The steps of llama_vocab::impl::load, kept as mutable state until `finish`."""
 
-    def __init__(self, data: TokenizerData) -> None:
+    def __init__(self, data: TokenizerData, metadata: Mapping[str, object] | None) -> None:
         model = data.model
         self.pre: PreTokenizerConfig | None = None
         ids: dict[str, int | None] = dict.fromkeys(
@@ -221,12 +237,31 @@ class _Builder:
                 self.add_sep = pre.add_sep
             if pre.bos_null:
                 ids["bos_id"] = None
-        elif model in ("bert", "t5", "rwkv", "plamo2", "hybriddna", "whitespace"):
+        elif model == "bert":
+            self.type = VocabType.WPM
+            ids.update(bos_id=101, unk_id=100, sep_id=102, pad_id=0, mask_id=103)
+            self.add_bos = self.add_sep = True
+            self.clean_spaces = True
+        elif model == "t5":
+            self.type = VocabType.UGM
+            ids.update(eos_id=1, unk_id=2, pad_id=0)
+            self.add_eos = True
+            if metadata is None:
+                raise ValueError(
+                    "a T5 (unigram) vocabulary needs the file's metadata for its normalization map: "
+                    "build it with Tokenizer.from_file"
+                )
+        elif model in ("rwkv", "plamo2", "hybriddna", "whitespace"):
             raise NotImplementedError(f"tokenizer model {model!r} is not supported yet")
         else:
             raise ValueError(f"unknown tokenizer: {model!r}")
         if data.add_space_prefix is not None:
             self.add_space_prefix = data.add_space_prefix
+        self.remove_extra_whitespaces = bool(data.remove_extra_whitespaces)
+        meta = metadata or {}
+        self.lowercase = _flag(meta, "tokenizer.ggml.normalizer.lowercase", True)
+        self.strip_accents = _flag(meta, "tokenizer.ggml.normalizer.strip_accents", self.lowercase)
+        self.charsmap = _charsmap(meta) if self.type == VocabType.UGM else b""
 
         tokens = tuple(t if t else f"[EMPTY_{i}]" for i, t in enumerate(data.tokens))
         n = len(tokens)
@@ -244,6 +279,7 @@ class _Builder:
             self.attrs = table[types].tolist()
         else:
             self.attrs = [int(TokenAttr.NORMAL)] * n
+        self.matcher_attrs = tuple(self.attrs) if self.type == VocabType.UGM else None
 
         # defaults out of range are disabled; ids from the file (validated by gguf-io) replace them
         for key, default in ids.items():
@@ -367,4 +403,33 @@ class _Builder:
             eog_ids=self.eog,
             special_order=tuple(self._special_order()),
             merges=self.merges,
+            remove_extra_whitespaces=self.remove_extra_whitespaces,
+            lowercase=self.lowercase,
+            strip_accents=self.strip_accents,
+            charsmap=self.charsmap,
+            matcher_attrs=self.matcher_attrs,
         )
+
+
+def _flag(meta: Mapping[str, object], key: str, default: bool) -> bool:
+    value = meta.get(key, default)
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{key} must be a boolean, not {type(value).__name__}")
+    return bool(value)
+
+
+def _charsmap(meta: Mapping[str, object]) -> bytes:
+    """tokenizer.ggml.precompiled_charsmap as bytes (stored as an int8 or uint8 array)."""
+    key = "tokenizer.ggml.precompiled_charsmap"
+    value = meta.get(key)
+    if value is None:
+        return b""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    try:
+        arr = np.asarray(value)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise TypeError
+        return arr.astype(np.int64).astype(np.uint8).tobytes()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{key} must be an array of bytes") from e
