@@ -79,3 +79,21 @@ def test_unknown_architecture_names_the_supported_ones(tmp_path: Path) -> None:
         UnsupportedArchitectureError, match=r"'mamba9' is not supported; supported: gemma3, llama"
     ):
         load_model(open_gguf(p))
+
+
+def test_mistral3_refuses_attention_temperature_scaling(tmp_path: Path) -> None:
+    def temperature(w, rng) -> None:  # type: ignore[no-untyped-def]
+        w.add_metadata("mistral3.attention.temperature_scale", 0.1)
+
+    path = write_tiny_model(tmp_path / "m.gguf", "mistral3", extra=temperature)
+    with pytest.raises(ValueError, match="temperature scaling is not supported"):
+        load_model(open_gguf(path))
+
+
+def test_moe_needs_its_expert_counts(tmp_path: Path) -> None:
+    def no_used(w, rng) -> None:  # type: ignore[no-untyped-def]
+        w._fields.pop("qwen3moe.expert_used_count")
+
+    path = write_tiny_model(tmp_path / "q.gguf", "qwen3moe", extra=no_used)
+    with pytest.raises(ValueError, match="expert_used_count"):
+        load_model(open_gguf(path))

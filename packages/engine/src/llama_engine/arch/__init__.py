@@ -5,7 +5,7 @@ from __future__ import annotations
 from gguf_io import GGUFFile
 from llama_quant.cpu import KernelSet
 
-from . import gemma3, llama, phi3, qwen2, qwen3  # noqa: F401  (each registers itself)
+from . import gemma3, llama, mistral3, phi3, qwen2, qwen3, qwen3moe, smollm3  # noqa: F401  (each registers itself)
 from .base import ARCHITECTURES, DecoderModel, ModelConfig, UnsupportedArchitectureError, register
 
 __all__ = [

@@ -31,9 +31,10 @@ from llama_quant.kernels import Activations, ExactMatrix
 from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
+from ..layers import FFN, DenseFFN, MoE
 from ..lora import LoraAdapter
 from .rope_scaling import FREQ_FACTOR_TENSORS, freq_factors, rope_scaling
-from .workspace import EMPTY, Rows, Workspace
+from .workspace import EMPTY, Workspace
 
 __all__ = [
     "ARCHITECTURES",
@@ -111,9 +112,7 @@ class LayerWeights:
     wqkv: ExactMatrix | None
     wo: ExactMatrix
     ffn_norm: np.ndarray | None
-    w_gate: ExactMatrix | None
-    w_up: ExactMatrix
-    w_down: ExactMatrix
+    ffn: FFN  # the layer's FFN kind: dense (build_ffn) or mixture of experts (build_moe_ffn)
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -200,8 +199,7 @@ class DecoderModel:
             return None
         if len(t.shape) != 2:
             raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected a matrix")
-        args = (self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
-        m = ExactMatrix(*args, kernels=self.kernels) if _MATRIX_KERNELS else ExactMatrix(*args)
+        m = self._exact(self._gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
         self._gguf.release(name)  # repacked: the file's pages need not stay resident while the rest loads
         return m
 
@@ -250,15 +248,9 @@ class DecoderModel:
         fused = self.matrix(p + "attn_qkv.weight")
         if fused is None:  # q, k, v in one launch where they share a type
             fused = self.stacked([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
-        up = self.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # [gate | up]: the fused-FFN path
-        gate = None
-        if up is None:
-            gate = self.matrix(p + "ffn_gate.weight")
-            up = self.matrix(p + "ffn_up.weight")
         wo = self.matrix(p + "attn_output.weight")
-        down = self.matrix(p + "ffn_down.weight")
-        if wo is None or up is None or down is None:
-            raise ValueError(f"layer {il} lacks attn_output, ffn_up or ffn_down weights")
+        if wo is None:
+            raise ValueError(f"layer {il} lacks attn_output weights")
         return LayerWeights(
             attn_norm=self.vec(p + "attn_norm.weight"),
             wq=None if fused else self.matrix(p + "attn_q.weight"),
@@ -267,9 +259,7 @@ class DecoderModel:
             wqkv=fused,
             wo=wo,
             ffn_norm=self.vec_or_none(p + "ffn_norm.weight"),
-            w_gate=gate,
-            w_up=up,
-            w_down=down,
+            ffn=self.load_ffn(il),
             bq=self.vec_or_none(p + "attn_q.bias"),
             bk=self.vec_or_none(p + "attn_k.bias"),
             bv=self.vec_or_none(p + "attn_v.bias"),
@@ -279,6 +269,61 @@ class DecoderModel:
             post_attn_norm=self.vec_or_none(p + "post_attention_norm.weight"),
             post_ffn_norm=self.vec_or_none(p + "post_ffw_norm.weight"),
         )
+
+    def load_ffn(self, il: int) -> FFN:
+        """Layer ``il``'s FFN kind: the dense gated FFN here; an architecture with experts returns its
+        ``MoE`` for the layers that have them."""
+        return DenseFFN.load(self, il, self.activation)
+
+    def expert_matrices(self, names: list[str], n_expert: int) -> list[ExactMatrix] | None:
+        """Per expert, its slice of the 3-D tensors ``names`` ([n_expert] x rows x cols in the file: one
+        2-D matrix per expert, read from the mmap) as one ExactMatrix, several names stacked by rows (one
+        launch, as ``stacked``); None when a tensor is absent or the slices do not stack."""
+        infos = [self._gguf.tensors.get(n) for n in names]
+        if any(t is None for t in infos):
+            return None
+        shapes = {t.shape for t in infos if t is not None}
+        for name, t in zip(names, infos, strict=True):
+            assert t is not None
+            if len(t.shape) != 3 or t.shape[2] != n_expert:
+                raise ValueError(
+                    f"tensor {name} has shape {list(t.shape)}, expected [cols, rows, {n_expert}]"
+                )
+        if len(shapes) != 1:
+            return None
+        cols, rows, _ = shapes.pop()
+        raws = [self._gguf.tensor_bytes(n).reshape(n_expert, -1) for n in names]
+        out: list[ExactMatrix] = []
+        for e in range(n_expert):
+            if len(names) == 1:
+                assert infos[0] is not None
+                out.append(self._exact(raws[0][e], infos[0].ggml_type, rows, cols))
+                continue
+            parts = [(raw[e], t.ggml_type, rows) for raw, t in zip(raws, infos, strict=True) if t is not None]
+            if _MATRIX_KERNELS:
+                m = ExactMatrix.stacked(parts, cols, kernels=self.kernels)
+            else:
+                m = ExactMatrix.stacked(parts, cols)
+            if m is None:
+                return None
+            out.append(m)
+        for n in names:
+            self._gguf.release(n)
+        return out
+
+    def row(self, name: str) -> ExactMatrix | None:
+        """A 1-D weight as a one-row ExactMatrix (a product with it is one dot per token), or None."""
+        t = self._gguf.tensors.get(name)
+        if t is None:
+            return None
+        if len(t.shape) != 1:
+            raise ValueError(f"tensor {name} has shape {list(t.shape)}, expected a vector")
+        return self._exact(self._gguf.tensor_bytes(name), t.ggml_type, 1, t.shape[0])
+
+    def _exact(self, raw: np.ndarray, qtype: GGMLQuantizationType, rows: int, cols: int) -> ExactMatrix:
+        if _MATRIX_KERNELS:
+            return ExactMatrix(raw, qtype, rows, cols, kernels=self.kernels)
+        return ExactMatrix(raw, qtype, rows, cols)
 
     def _release_pages(self) -> None:
         """Weights now live repacked in memory: drop the file pages we touched from resident memory."""
@@ -347,17 +392,22 @@ class DecoderModel:
         allocates them again for its size)."""
         ws = self._ws
         if ws is None or ws.n_batch < n_batch:
-            c, lw = self.config, self.layers[0]
+            c = self.config
+            dense = [lw.ffn for lw in self.layers if isinstance(lw.ffn, DenseFFN)]
+            moes = [lw.ffn for lw in self.layers if isinstance(lw.ffn, MoE)]
+            if len({m.layout for m in moes}) > 1:
+                raise ValueError("expert layers of different shapes in one model are not supported")
             ws = self._ws = Workspace(
                 max(n_batch, 1),
                 c.n_embd,
                 c.n_head * c.head_dim,
                 c.n_head_kv * c.head_dim,
-                lw.w_down.cols,
+                dense[0].n_ff if dense else 0,
                 c.n_vocab,
                 split_qkv=any(layer.wqkv is None for layer in self.layers),
-                split_gate_up=any(layer.w_gate is not None for layer in self.layers),
+                split_gate_up=any(f.w_gate is not None for f in dense),
             )
+            ws.moe = moes[0].buffers(ws.n_batch, c.n_embd) if moes else None
         return ws
 
     def embed(self, tokens: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -469,7 +519,7 @@ class DecoderModel:
             c.n_head,
             c.n_head_kv,
             c.head_dim,
-            c.rope_dims,
+            self.rope_dims(il),
             self.rope_mode,
             *self._scales,
             self._tile_cols,
@@ -481,6 +531,10 @@ class DecoderModel:
         if self.loras:
             self.add_lora(il, "attn_output", ws.attn.x[:n], rows.o)
 
+    def rope_dims(self, il: int) -> int:
+        """The dimensions of each head that layer ``il`` rotates (0: a NoPE layer, no position encoding)."""
+        return self.config.rope_dims
+
     def q_scale(self) -> float:
         """A factor on q after RoPE (1: none)."""
         return 1.0
@@ -489,33 +543,8 @@ class DecoderModel:
         return self.config.attn_scale
 
     def ffn(self, il: int, ws: Workspace, n: int) -> None:
-        """The gated FFN from ``ws.h`` to ``ws.o`` (before the post-norm)."""
-        lw = self.layers[il]
-        rows = ws.rows(n)
-        h = _fresh(ws.h, n)
-        n_ff = lw.w_down.cols
-        if self.collector is not None:
-            self.collector.observe(il, "ffn_in", h.x[:n])
-        if lw.w_gate is None:  # fused gate+up (phi3, or stacked at load): [n, 2 * n_ff]
-            lw.w_up.matmul(h, out=rows.gu)
-            gate, up, up_col = ws.gu, ws.gu, n_ff
-        else:
-            assert rows.gate is not None and rows.up is not None
-            lw.w_gate.matmul(h, out=rows.gate)
-            lw.w_up.matmul(h, out=rows.up)
-            g, u = ws.gate_up_parts  # the whole buffers: the kernel takes n
-            assert g is not None and u is not None
-            gate, up = g, u
-            up_col = 0
-        if self.loras:
-            self._lora_gate_up(il, h.x[:n], rows, n_ff)
-        glu = ops.geglu if self.activation == "gelu" else ops.swiglu
-        glu(ws.glu.x, gate, up, n, n_ff, 0, up_col)
-        if self.collector is not None:
-            self.collector.observe(il, "ffn_down", ws.glu.x[:n])
-        lw.w_down.matmul(_fresh(ws.glu, n), out=rows.o)
-        if self.loras:
-            self.add_lora(il, "ffn_down", ws.glu.x[:n], rows.o)
+        """Layer ``il``'s FFN from ``ws.h`` to ``ws.o`` (before the post-norm)."""
+        self.layers[il].ffn.forward(self, il, ws, n)
 
     # -- LoRA --------------------------------------------------------------------------------------------
 
@@ -533,16 +562,6 @@ class DecoderModel:
         self.add_lora(il, "attn_q", x, qkv[:, :nq])
         self.add_lora(il, "attn_k", x, qkv[:, nq : nq + nk])
         self.add_lora(il, "attn_v", x, qkv[:, nq + nk :])
-
-    def _lora_gate_up(self, il: int, x: np.ndarray, rows: Rows, n_ff: int) -> None:
-        if rows.gate is not None and rows.up is not None:  # separate gate and up products
-            self.add_lora(il, "ffn_gate", x, rows.gate)
-            self.add_lora(il, "ffn_up", x, rows.up)
-        elif self.has(f"blk.{il}.ffn_gate.weight"):  # stacked at load: [gate | up]
-            self.add_lora(il, "ffn_gate", x, rows.gu[:, :n_ff])
-            self.add_lora(il, "ffn_up", x, rows.gu[:, n_ff:])
-        else:  # the file's fused up (phi3): one weight for both halves
-            self.add_lora(il, "ffn_up", x, rows.gu)
 
 
 def _fresh(acts: Activations, n: int) -> Activations:

@@ -8,9 +8,14 @@ count in a `Rows`, so a steady decode loop makes no new array. The matrices' inp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from llama_quant.kernels import Activations
+
+if TYPE_CHECKING:
+    from ..layers import MoEBuffers
 
 __all__ = ["EMPTY", "Rows", "Workspace"]
 
@@ -47,6 +52,7 @@ class Workspace:
         "glu",
         "gu",
         "h",
+        "moe",
         "n_batch",
         "n_vocab",
         "o",
@@ -82,6 +88,7 @@ class Workspace:
         self.gu = np.zeros((n_batch, 0 if split_gate_up else 2 * n_ff), f32)  # [gate | up]
         self.gate_up_parts = tuple(np.zeros((n_batch, n_ff), f32) if split_gate_up else None for _ in "gu")
         self.glu = Activations(n_ff, n_batch)  # the GLU output: the down projection's input
+        self.moe: MoEBuffers | None = None  # the mixture-of-experts layers' scratch, where the model has them
         self._logits = np.zeros((0, n_vocab), f32)
         self._logit_rows: dict[int, np.ndarray] = {}
         self._rows: dict[int, Rows] = {}

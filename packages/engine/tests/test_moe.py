@@ -1,0 +1,166 @@
+"""The MoE FFN layer kind against its plain-numpy reference of llama.cpp's build_moe_ffn (layers/ref.py):
+routing (gating, top-k with ties, weight normalisation and scale), the grouped expert products and the
+weighted sum, shared experts, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llama_quant
+from gguf_io import GGMLQuantizationType as T
+from llama_engine.arch.workspace import Workspace
+from llama_engine.layers import Gating, MoE, MoEConfig
+from llama_engine.layers import ref as layers_ref
+from llama_engine.layers.routing import route, stl_sort_desc
+from llama_quant.kernels import ExactMatrix
+
+N_EMBD, N_FF, N_FF_SHARED = 64, 32, 64
+
+
+def _raw(rng: np.random.Generator, rows: int, cols: int, qtype: T, scale: float = 0.3) -> np.ndarray:
+    x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+    raw = x if qtype == T.F32 else llama_quant.quantize(x, qtype)
+    return np.frombuffer(np.ascontiguousarray(raw).tobytes(), np.uint8)
+
+
+def _m(raw: np.ndarray, qtype: T, rows: int, cols: int) -> ExactMatrix:
+    return ExactMatrix(raw, qtype, rows, cols)
+
+
+def _route(logits: np.ndarray, k: int, gating: Gating, norm: bool, scale: float):  # type: ignore[no-untyped-def]
+    n, e = logits.shape
+    probs, order = np.zeros((n, e), np.float32), np.zeros((n, e), np.int32)
+    sel, w = np.zeros((n, k), np.int32), np.zeros((n, k), np.float32)
+    route(logits, probs, order, sel, w, n, e, k, int(gating), norm, np.float32(scale))
+    return sel, w
+
+
+@pytest.mark.parametrize("n_expert", [8, 10])  # 10: ggml's softmax takes two values past its groups of four
+@pytest.mark.parametrize(
+    ("gating", "norm", "scale"),
+    [
+        (Gating.SOFTMAX, True, 0.0),
+        (Gating.SOFTMAX, False, 2.5),
+        (Gating.SIGMOID, True, 1.0),
+        (Gating.SOFTMAX_WEIGHT, False, 0.0),
+    ],
+)
+def test_route_matches_reference(n_expert: int, gating: Gating, norm: bool, scale: float) -> None:
+    rng = np.random.default_rng(n_expert)
+    logits = (rng.standard_normal((12, n_expert)) * 3).astype(np.float32)
+    logits[3, 2] = logits[3, 5] = logits[3].max() + 1  # a tie at the top: the lower index comes first
+    logits[4, :] = 0.5  # all equal
+    sel, w = _route(logits, 3, gating, norm, scale)
+    assert sel[3, :2].tolist() == [2, 5] and sel[4].tolist() == [0, 1, 2]
+    for t in range(len(logits)):
+        ref_sel, ref_w = layers_ref.route(logits[t], 3, gating, norm, scale)
+        assert sel[t].tolist() == ref_sel.tolist()
+        np.testing.assert_array_equal(w[t], ref_w)
+    if norm:
+        np.testing.assert_allclose(w.sum(1), 1.0, rtol=1e-6)
+
+
+def test_sort_keeps_the_order_of_ties_up_to_16_and_sorts_any_length() -> None:
+    rng = np.random.default_rng(0)
+    for n in (5, 16, 17, 128, 300):
+        p = (rng.integers(0, 4, n) / 3).astype(np.float32)  # many ties
+        v = np.arange(n, dtype=np.int32)
+        stl_sort_desc(v, p, n)
+        assert sorted(v.tolist()) == list(range(n)) and np.all(np.diff(p[v]) <= 0)
+        if n <= 16:  # libstdc++'s std::sort is its insertion sort there: stable
+            assert v.tolist() == np.argsort(-p, kind="stable").tolist()
+
+
+def _pair(rng: np.random.Generator, e: int, n_ff: int, tg: T, tu: T):  # type: ignore[no-untyped-def]
+    """Expert e's gate and up matrices apart (the reference's) and stacked [gate | up] (the layer's, when
+    they share a type)."""
+    g, u = _raw(rng, n_ff, N_EMBD, tg), _raw(rng, n_ff, N_EMBD, tu)
+    both = _m(np.concatenate([g, u]), tg, 2 * n_ff, N_EMBD) if tg == tu else None
+    return _m(g, tg, n_ff, N_EMBD), _m(u, tu, n_ff, N_EMBD), both
+
+
+def _layer_and_reference(seed: int, types: tuple[T, T, T], shared: bool, cfg: MoEConfig):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    tg, tu, td = types
+    pairs = [_pair(rng, e, N_FF, tg, tu) for e in range(cfg.n_expert)]
+    gate, up, both = ([p[i] for p in pairs] for i in range(3))
+    down = [_m(_raw(rng, N_EMBD, N_FF, td), td, N_EMBD, N_FF) for _ in range(cfg.n_expert)]
+    router = _m(_raw(rng, cfg.n_expert, N_EMBD, T.F32, 1.0), T.F32, cfg.n_expert, N_EMBD)
+    stacked = tg == tu
+    moe = MoE(
+        cfg, router, both if stacked else None, None if stacked else gate, None if stacked else up, down
+    )
+    sh = sh_gate = None
+    if shared:
+        sg, su, sboth = _pair(rng, 0, N_FF_SHARED, T.Q8_0, T.Q8_0)
+        sd = _m(_raw(rng, N_EMBD, N_FF_SHARED, T.Q8_0), T.Q8_0, N_EMBD, N_FF_SHARED)
+        sh_gate = _m(_raw(rng, 1, N_EMBD, T.F32), T.F32, 1, N_EMBD)
+        moe.shared, moe.shared_down, moe.shared_gate = sboth, sd, sh_gate
+        sh = (sg, su, sd)
+
+    def reference(x: np.ndarray) -> np.ndarray:
+        return layers_ref.moe_ffn(
+            x,
+            router,
+            gate,
+            up,
+            down,
+            cfg.n_expert_used,
+            cfg.gating,
+            cfg.norm_weights,
+            cfg.weights_scale,
+            sh,
+            sh_gate,
+        )
+
+    return moe, reference
+
+
+def _run(moe: MoE, x: np.ndarray) -> np.ndarray:
+    n = len(x)
+    ws = Workspace(n, N_EMBD, N_EMBD, N_EMBD, 0, 8, False, False)
+    ws.moe = moe.buffers(n, N_EMBD)
+    ws.h.rows(n)[:] = x
+    moe.forward(None, 0, ws, n)  # type: ignore[arg-type]  # the model is only read for LoRA and imatrix
+    return ws.o[:n].copy()
+
+
+@pytest.mark.parametrize(
+    ("types", "shared", "cfg"),
+    [
+        ((T.Q8_0, T.Q8_0, T.Q8_0), False, MoEConfig(8, 2, Gating.SOFTMAX, True)),  # qwen3moe's
+        ((T.Q4_0, T.Q4_0, T.F16), True, MoEConfig(8, 4, Gating.SOFTMAX, False)),  # qwen2moe's, shared
+        ((T.Q8_0, T.Q4_0, T.F32), False, MoEConfig(6, 3, Gating.SIGMOID, True, 2.5)),  # gate and up apart
+    ],
+)
+def test_moe_layer_matches_reference(types: tuple[T, T, T], shared: bool, cfg: MoEConfig) -> None:
+    moe, reference = _layer_and_reference(1, types, shared, cfg)
+    x = np.random.default_rng(2).standard_normal((11, N_EMBD)).astype(np.float32)
+    got = _run(moe, x)
+    np.testing.assert_array_equal(got, reference(x))
+    # one token alone gives its row of the batch: the grouping changes no number
+    np.testing.assert_array_equal(_run(moe, x[5:6])[0], got[5])
+    assert np.isfinite(got).all() and got.std() > 0
+
+
+class _Counted(ExactMatrix):
+    """An expert matrix that records each product it runs."""
+
+    calls: list[int]
+    index: int
+
+    def matmul(self, x, out=None):  # type: ignore[no-untyped-def]
+        self.calls.append(self.index)
+        return super().matmul(x, out=out)
+
+
+def test_a_batch_reads_each_chosen_expert_once() -> None:
+    moe, _ = _layer_and_reference(3, (T.Q8_0, T.Q8_0, T.Q8_0), False, MoEConfig(8, 2, Gating.SOFTMAX, True))
+    assert moe.gate_up is not None
+    calls: list[int] = []
+    for e, m in enumerate(moe.gate_up):
+        m.__class__ = _Counted
+        m.calls, m.index = calls, e  # type: ignore[attr-defined]
+    _run(moe, np.random.default_rng(4).standard_normal((16, N_EMBD)).astype(np.float32))
+    assert len(calls) == len(set(calls)) and calls == sorted(calls) and len(calls) > 2
