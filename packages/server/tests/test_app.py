@@ -58,7 +58,9 @@ def _client(cfg: ServerConfig, engine=None, ready: bool = True) -> TestClient:
     state = ServerState(cfg, engine=engine)
     if ready and engine is None:
         state.ready.set()
-    return TestClient(create_app(state))
+    # a loopback Host, as a real client of the server sends: the edge guard refuses the routes that act on
+    # the machine under a name the server does not listen on (TestClient's default is testserver.local)
+    return TestClient(create_app(state), base_url="http://127.0.0.1")
 
 
 def test_queue_full_is_503_with_retry_after(tokenizer):
@@ -145,6 +147,13 @@ def test_api_prefix(tokenizer):
         assert c.get("/health").status_code == 404
         r = c.post("/llm/apply-template", json={"messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 200
+        # the edge guard sees the route under the prefix: a text/plain or foreign POST /llm/props is refused
+        assert_error(c.post("/llm/props", content=b"{}", headers={"Content-Type": "text/plain"}), 415)
+        assert_error(c.post("/llm/props", json={}, headers={"Origin": "null"}), 403, "permission_error")
+        any_site = {"Origin": "https://any.example"}  # `--cors-origins *` (the default) allows it
+        assert c.post("/llm/props", json={}, headers=any_site).status_code == 501
+        assert_error(c.post("/llm/props", json={}, headers={"Host": "evil.example"}), 403, "permission_error")
+        assert_error(c.post("/llm/props", json={}), 501, "not_supported_error")  # past the guard: not enabled
 
 
 class HoldingEngine(FullEngine):

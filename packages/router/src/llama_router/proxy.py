@@ -68,6 +68,9 @@ _DROP_REQUEST = frozenset(
             b"authorization",
             b"x-api-key",
         ),
+        # the router's edge judged the origin (its CORS policy and guard) and drops the child's CORS
+        # headers: the child, reached under its own address, would take the router's page for a foreign one
+        b"origin",
         *(b"connection", b"keep-alive", b"expect", b"te", b"upgrade"),  # hop by hop: the relay's own
     ]
 )

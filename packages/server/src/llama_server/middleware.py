@@ -3,9 +3,12 @@ and Litestar's own errors).
 
 `EdgeMiddleware`, in the reference's order (endpoints.md §0.4): CORS headers and OPTIONS, readiness (503
 while the model loads or once the server is shutting down), the API key, and the `Server: llama.cpp`
-header. `IOTimeouts`, outermost: `--timeout` as cpp-httplib's read and write timeouts, so a client that
-stops sending its request body, or stops reading the response, cannot hold a connection (and a slot)
-forever.
+header; then, for a request no API key authenticated, llama_tools' guard of the routes that act on the
+machine (`/tools`, slot files, LoRA scales, `POST /props`, `/cors-proxy`): Host, Origin and Content-Type
+against cross-site requests and DNS rebinding, before any body is read.
+
+`IOTimeouts`, outermost: `--timeout` as cpp-httplib's read and write timeouts, so a client that stops
+sending its request body, or stops reading the response, cannot hold a connection (and a slot) forever.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 from typing import Any
 
 import msgspec
-from llama_tools import CorsPolicy
+from llama_tools import CorsPolicy, RequestGuard
 from llama_tools.auth import api_key_ok
 
 from .errors import error_body
@@ -38,6 +41,7 @@ class EdgeMiddleware:
         self.keys = [k.encode() for k in state.config.api_keys]
         cfg = state.config
         self.cors = CorsPolicy(cfg.cors_origins, cfg.cors_methods, cfg.cors_headers, cfg.cors_credentials)
+        self.guard = RequestGuard(self.cors, cfg.host)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -64,9 +68,17 @@ class EdgeMiddleware:
             await _json(send_with_headers, 503, DRAIN_MESSAGE, "unavailable_error")
             return
         public = (path in PUBLIC_PATHS or path in self.assets) and not prefix
-        if self.keys and not public and not self._authorized(headers):
+        authenticated = bool(self.keys) and self._authorized(headers)
+        if self.keys and not public and not authenticated:
             await _json(send_with_headers, 401, "Invalid API Key", "authentication_error")
             return
+        if not authenticated:
+            route = path[len(prefix) :] or "/" if prefix and path.startswith(prefix) else path
+            refusal = self.guard.check(scope["method"], route, scope.get("headers", []))
+            if refusal is not None:
+                log.warning("refused %s %s: %s", scope["method"], path, refusal.message)
+                await _json(send_with_headers, refusal.status, refusal.message, refusal.type)
+                return
         await self.app(scope, receive, send_with_headers)
 
     def _authorized(self, headers: dict[str, str]) -> bool:

@@ -1,5 +1,7 @@
 """Engine-free server features shared by ``llama-server`` and ``llama-router``: the built-in tools and MCP
-servers of ``/tools``, the ``/cors-proxy`` helper, and the CORS origin policy.
+servers of ``/tools``, the ``/cors-proxy`` helper, the CORS origin policy, and the edge guard of the routes
+that act on the machine (``RequestGuard``: Host, Origin and Content-Type checks against cross-site requests
+and DNS rebinding).
 
 Nothing here imports numba or the engine, so the router can serve these routes without either::
 
@@ -11,6 +13,7 @@ Nothing here imports numba or the engine, so the router can serve these routes w
 from .cli import cors_options, cors_policy_from_options, tools_config_from_options, tools_options
 from .config import BUILTIN_TOOL_NAMES, McpServerSpec, ToolsConfig, ToolsConfigError
 from .cors import CorsPolicy, cors_origins_default
+from .guard import Refusal, RequestGuard, guard_kind
 from .routes import FEATURE_DISABLED, tools_route_handlers
 from .service import ToolError, ToolsService
 
@@ -19,6 +22,8 @@ __all__ = [
     "FEATURE_DISABLED",
     "CorsPolicy",
     "McpServerSpec",
+    "Refusal",
+    "RequestGuard",
     "ToolError",
     "ToolsConfig",
     "ToolsConfigError",
@@ -26,6 +31,7 @@ __all__ = [
     "cors_options",
     "cors_origins_default",
     "cors_policy_from_options",
+    "guard_kind",
     "tools_config_from_options",
     "tools_options",
     "tools_route_handlers",

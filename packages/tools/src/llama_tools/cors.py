@@ -30,6 +30,22 @@ def _host_of(origin: str) -> str:
         return ""
 
 
+def _canonical(origin: str) -> str:
+    """`scheme://host[:port]` in lower case, without the scheme's default port or a trailing `/`."""
+    origin = origin.strip().removesuffix("/")
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        return origin
+    if not parts.scheme or not parts.hostname or parts.path or parts.query or parts.fragment:
+        return origin
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    suffix = f":{port}" if port is not None and port != default else ""
+    return f"{parts.scheme.lower()}://{host}{suffix}"
+
+
 class CorsPolicy(msgspec.Struct, frozen=True):
     """The `--cors-*` settings, and the headers they add to a response."""
 
@@ -45,6 +61,18 @@ class CorsPolicy(msgspec.Struct, frozen=True):
         if self.origins == "localhost":
             return origin if origin and _host_of(origin) in LOOPBACK_HOSTS else None
         return self.origins
+
+    def allows(self, origin: str) -> bool:
+        """Whether a page of `origin` may act through this server (the edge guard, `guard.py`): any with
+        `*`, a loopback one with `localhost`, else exactly the literal value (scheme and host in any case,
+        a default port or a trailing `/` ignored)."""
+        if not origin:
+            return False
+        if self.origins == "*":
+            return True
+        if self.origins == "localhost":
+            return _host_of(origin) in LOOPBACK_HOSTS
+        return _canonical(origin) == _canonical(self.origins)
 
     def response_headers(self, origin: str, preflight: bool) -> list[tuple[str, str]]:
         """The CORS headers of one response, in canonical case; the `Allow-*` ones only on OPTIONS."""
