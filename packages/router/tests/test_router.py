@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -196,3 +198,63 @@ def test_tools_and_cors_from_llama_tools(router: Router, tmp_path: Path) -> None
     assert local.headers["access-control-allow-credentials"] == "true"
     other = router.http.get("/health", headers={"Origin": "https://example.com"})
     assert "access-control-allow-origin" not in other.headers
+
+
+LLAMA_CPP_SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/llama-py/llama-cpp-src-11434.0.0"))
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """The processes whose environment holds `mark`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours
+                pass
+    return found
+
+
+def test_sigterm_with_a_slow_mcp_call(tmp_path: Path, cache_env: dict[str, str]) -> None:
+    """llama.cpp's test_mcp_slow_tool_call_slot_release: SIGTERM while a 10 s MCP call is in flight (its
+    server sleeps inside the call, reading nothing): the call is answered at once, the MCP child is gone,
+    and the router exits within 3 s."""
+    fixture = LLAMA_CPP_SRC / "tools" / "server" / "tests" / "fixtures" / "mcp_slow_server.py"
+    if not fixture.is_file():
+        pytest.skip("llama.cpp's source tree is not there")
+    mark = f"LLAMA_TEST_MCP_MARK={os.getpid()}-{time.monotonic_ns()}"
+    key, value = mark.split("=")
+    spec = {"command": sys.executable, "args": [str(fixture), "--delay", "10"], "timeout_ms": 30000,
+            "env": {key: value}}  # fmt: skip
+    (tmp_path / "models").mkdir()
+    r = Router(["--models-dir", str(tmp_path / "models"), "--tools", "all",
+                "--mcp-servers-json", json.dumps({"mcpServers": {"slow": spec}})], cache_env)  # fmt: skip
+    answered: dict[str, float] = {}
+
+    def slow() -> httpx.Response:
+        res = r.http.post("/tools", json={"tool": "slow_sleep", "params": {"seconds": 10}})
+        answered["at"] = time.monotonic()
+        return res
+
+    try:
+        deadline = time.monotonic() + 30
+        while "slow_sleep" not in r.http.get("/tools").text and time.monotonic() < deadline:  # warmed up
+            time.sleep(0.05)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(slow)
+            while not _processes_marked(mark) and time.monotonic() < deadline:  # the call's child is up
+                time.sleep(0.05)
+            time.sleep(1)
+            start = time.monotonic()
+            r.proc.send_signal(signal.SIGTERM)
+            r.proc.wait(timeout=15)
+            elapsed = time.monotonic() - start
+            res = pending.result(timeout=5)
+    finally:
+        r.close()
+    assert res.status_code == 200 and res.json() == {"error": "cancelled"}, res.text
+    assert answered["at"] - start < 1.5, "the call in flight was not ended by the shutdown"
+    assert elapsed < 3, f"shutdown took {elapsed:.2f} s"
+    assert not _processes_marked(mark), "the MCP child outlived the router"
+    print(f"SIGTERM to exit: {elapsed:.2f} s")

@@ -270,4 +270,6 @@ def create_app(config: RouterConfig) -> Any:
     app.state.upstream = proxy.upstream
     app.state.conversations = convs
     app.state.downloads = Downloads(manager)
-    return Edge(_Dispatch(app, proxy), config, ui_files)
+    edge = Edge(_Dispatch(app, proxy), config, ui_files)
+    edge.on_exit = tools.begin_shutdown  # tool calls in flight end at once instead of holding the exit
+    return edge

@@ -8,6 +8,7 @@ what its source implies (cache `hf-repo`, models-dir paths).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from llama_tools.hub.cache import list_cached, resolve_cached
 from . import options as opts
 from .preset import PresetError, canonical_name, parse_ini, render_ini
 
-__all__ = ["CatalogueError", "Entry", "build_catalogue", "scan_models_dir"]
+__all__ = ["CatalogueError", "Entry", "build_catalogue", "parse_keys", "read_key_file", "scan_models_dir"]
 
 log = logging.getLogger("llama_router")
 
@@ -28,6 +29,8 @@ RESERVED = frozenset(
 )  # fmt: skip
 CLI_RESERVED = RESERVED | {"model", "mmproj", "alias", "hf-repo", "log-file", "tags"}
 DEFAULT_STOP_TIMEOUT = 10.0
+REMOTE_KEY_OPTIONS = frozenset({"remote-api-key", "remote-api-key-file"})
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]*")  # printable ASCII without space: a token in one header line
 
 
 class CatalogueError(ValueError):
@@ -48,6 +51,7 @@ class Entry:
     dedup: bool = False
     hidden: bool = False
     remote: tuple[str, ...] = ()  # URLs of remote llama-servers serving this model (no local child)
+    remote_keys: tuple[str, ...] = field(default=(), repr=False)  # () or one API key per `remote` URL
 
     def child_args(self) -> list[str]:
         """The child's option arguments (no host/port/alias: the spawner adds those). A cached `hf-repo`
@@ -65,7 +69,7 @@ class Entry:
 
     def identity(self) -> tuple[object, ...]:
         """What a reload compares to decide whether a running child must restart."""
-        return (tuple(sorted(self.options.items())), self.remote)
+        return (tuple(sorted(self.options.items())), self.remote, self.remote_keys)
 
     def modalities(self) -> list[str]:
         """Input modalities known offline: a projector file means images."""
@@ -143,10 +147,33 @@ def _split_list(value: str | None) -> tuple[str, ...]:
     return tuple(s.strip() for s in (value or "").split(",") if s.strip())
 
 
+def parse_keys(value: str) -> tuple[str, ...]:
+    """A comma list of API keys, in order; an empty item stands for no key at its place."""
+    return tuple(k.strip() for k in value.split(","))
+
+
+def read_key_file(path: str) -> tuple[str, ...]:
+    """API keys from a file, one per line (blank lines and `#` comments skipped), as `--api-key-file`.
+    Raises CatalogueError naming the file, never its content."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise CatalogueError(f"cannot read API key file {path}: {reason}") from None
+    lines = (line.strip() for line in text.splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
 def build_catalogue(
-    models_dir: str | None, preset_path: str | None, cli: dict[str, str], *, startup: bool = True
+    models_dir: str | None,
+    preset_path: str | None,
+    cli: dict[str, str],
+    *,
+    startup: bool = True,
+    remote_keys: tuple[str, ...] = (),
 ) -> dict[str, Entry]:
-    """The merged catalogue, keyed by name. Raises CatalogueError on any problem."""
+    """The merged catalogue, keyed by name. `remote_keys` are the API keys of remote entries that name
+    none (one for every replica, or one per URL). Raises CatalogueError on any problem."""
     sections: dict[str, dict[str, str]] = {}
     if preset_path:
         try:
@@ -167,12 +194,18 @@ def build_catalogue(
             entries[name] = Entry(name, "models_dir", {**glob_opts, **o})
     for raw_name, raw in sections.items():
         name = canonical_name(raw_name)
-        o, special = _section(name, raw)
-        special = {**glob_special, **special}
+        o, own = _section(name, raw)
+        inherited = glob_special
+        if REMOTE_KEY_OPTIONS & own.keys():  # the section's key (inline or file) replaces `[*]`'s
+            inherited = {k: v for k, v in glob_special.items() if k not in REMOTE_KEY_OPTIONS}
+        special = {**inherited, **own}
         entry = entries.get(name) or Entry(name, "preset", dict(glob_opts))
         entry.options.update(o)
         entry.source = "preset"
         _apply_special(entry, special, startup)
+        if REMOTE_KEY_OPTIONS & own.keys() and not entry.remote:
+            raise CatalogueError(f"preset '{name}': remote-api-key(-file) is only for an entry with remote")
+        entry.remote_keys = _remote_keys(name, entry.remote, special, remote_keys)
         if not ({"model", "hf-repo"} & entry.options.keys()) and not entry.remote:
             raise CatalogueError(f"preset '{name}' has no model source (model, hf-repo or remote)")
         entries[name] = entry
@@ -201,6 +234,32 @@ def _apply_special(entry: Entry, special: dict[str, str], startup: bool) -> None
         entry.stop_timeout = DEFAULT_STOP_TIMEOUT
     entry.dedup = opts.parse_bool(special.get("dedup-cache-models", "false")) is True
     entry.remote = _split_list(special.get("remote"))
+
+
+def _remote_keys(
+    name: str, remote: tuple[str, ...], special: dict[str, str], default: tuple[str, ...]
+) -> tuple[str, ...]:
+    """An entry's replica keys, one per URL (or none at all). Messages never quote a key."""
+    inline, path = special.get("remote-api-key"), special.get("remote-api-key-file")
+    if inline is not None and path is not None:
+        raise CatalogueError(f"preset '{name}': give remote-api-key or remote-api-key-file, not both")
+    if not remote:
+        return ()
+    keys = read_key_file(path) if path is not None else parse_keys(inline) if inline is not None else default
+    if not any(keys):
+        return ()
+    if not all(_HEADER_SAFE.fullmatch(k) for k in keys):
+        raise CatalogueError(
+            f"preset '{name}': a remote API key holds spaces or characters not allowed in a header"
+        )
+    if len(keys) == 1:
+        return keys * len(remote)
+    if len(keys) != len(remote):
+        raise CatalogueError(
+            f"preset '{name}': {len(keys)} remote API keys for {len(remote)} remote URLs "
+            "(give one key for every replica, or one per URL in the same order)"
+        )
+    return keys
 
 
 def _hide_dedup(entries: dict[str, Entry]) -> None:

@@ -4,20 +4,24 @@ over preset values)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import os
 import shutil
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
 from llama_tools import cors_options, cors_policy_from_options, tools_config_from_options, tools_options
 
 from . import options as opts
-from .catalogue import CatalogueError
+from .catalogue import CatalogueError, parse_keys, read_key_file
 from .config import RouterConfig
 
 __all__ = ["long_form_args", "main", "parse_child_options", "server_command"]
@@ -119,6 +123,15 @@ def _keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _remote_keys(keys: str | None, path: str | None) -> tuple[str, ...]:
+    if keys is not None and path is not None:
+        raise click.UsageError("give --remote-api-key or --remote-api-key-file, not both")
+    try:
+        return read_key_file(path) if path is not None else parse_keys(keys) if keys else ()
+    except CatalogueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 _CTX = {
     "help_option_names": ["-h", "--help"],
     "ignore_unknown_options": True,
@@ -150,6 +163,18 @@ _CTX = {
     default=5.0,
     envvar="LLAMA_ARG_REPLICA_CHECK_INTERVAL",
     help="Seconds between health checks of remote replicas.",
+)
+@click.option(
+    "--remote-api-key",
+    envvar="LLAMA_ARG_REMOTE_API_KEY",
+    help="API key sent to the replicas of remote models whose preset names none: one key, or a comma list "
+    "with one key per `remote` URL.",
+)
+@click.option(
+    "--remote-api-key-file",
+    envvar="LLAMA_ARG_REMOTE_API_KEY_FILE",
+    type=click.Path(dir_okay=False),
+    help="File of remote API keys, one per line (as --remote-api-key's list).",
 )
 @click.option("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI")
 @click.option("--path", "static_path", envvar="LLAMA_ARG_STATIC_PATH", type=click.Path(file_okay=False))
@@ -191,6 +216,7 @@ def command(ctx: click.Context, **kw: Any) -> None:
         webui=kw["webui"],
         static_path=kw["static_path"],
         health_interval=max(kw["replica_check_interval"], 0.1),
+        remote_api_keys=_remote_keys(kw["remote_api_key"], kw["remote_api_key_file"]),
     )
     from .app import create_app
 
@@ -220,7 +246,22 @@ def command(ctx: click.Context, **kw: Any) -> None:
     gc.collect()
     gc.freeze()
     # the socket itself, not its fd: uvicorn would wrap an fd as a Unix socket (Nagle left on again)
-    uvicorn.Server(config).run(sockets=[sock])
+    _serve(config, sock, app.on_exit)
+
+
+def _serve(config: Any, sock: socket.socket, on_exit: Callable[[], None]) -> None:
+    """Run uvicorn until SIGTERM/SIGINT; `on_exit` runs on the event loop at the signal, before uvicorn
+    waits (up to `timeout_graceful_shutdown`) for the open connections: a request held open by work it
+    ends (a slow tool call) would otherwise hold the exit for the whole wait."""
+    import uvicorn
+
+    class ExitingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            with contextlib.suppress(RuntimeError):  # no loop running: nothing is in flight
+                asyncio.get_running_loop().call_soon_threadsafe(on_exit)
+            super().handle_exit(sig, frame)
+
+    ExitingServer(config).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,3 +32,5 @@ class RouterConfig:
     webui: bool = True
     static_path: str | None = None
     health_interval: float = 5.0  # seconds between health checks of remote replicas
+    # the key(s) sent to the replicas of remote entries that name none (`--remote-api-key[-file]`)
+    remote_api_keys: tuple[str, ...] = field(default=(), repr=False)

@@ -16,7 +16,7 @@ from typing import Any
 from .catalogue import Entry, build_catalogue
 from .child import ChildProcess
 from .config import RouterConfig
-from .replicas import Replica
+from .replicas import Replica, replicas_of
 
 __all__ = ["RUNNING", "Instance", "LoadError", "ModelManager"]
 
@@ -96,9 +96,15 @@ class ModelManager:
         self.fake_timing = bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING"))
         self.reloading = False
         self._bg: set[asyncio.Task[Any]] = set()
-        self.set_catalogue(build_catalogue(config.models_dir, config.models_preset, config.cli_options))
+        self.set_catalogue(self._build_catalogue(startup=True))
 
     # -- catalogue -----------------------------------------------------------------------------------
+
+    def _build_catalogue(self, startup: bool) -> dict[str, Entry]:
+        c = self.config
+        return build_catalogue(
+            c.models_dir, c.models_preset, c.cli_options, startup=startup, remote_keys=c.remote_api_keys
+        )
 
     def set_catalogue(self, entries: dict[str, Entry]) -> None:
         for name, entry in entries.items():
@@ -106,8 +112,12 @@ class ModelManager:
             if inst is None:
                 inst = self.instances[name] = Instance(entry)
                 if entry.remote:
-                    inst.replicas = [Replica(u.rstrip("/")) for u in entry.remote]
+                    inst.replicas = replicas_of(entry.remote, entry.remote_keys)
                     inst.status = "loaded"
+            elif entry.remote and inst.entry.remote and inst.child is None:  # new URLs or keys take effect
+                if entry.identity() != inst.entry.identity():
+                    inst.replicas = replicas_of(entry.remote, entry.remote_keys)
+                inst.entry = entry
             elif not inst.running and inst.status != "downloading":
                 inst.entry, inst.architecture, inst.exit_code = entry, None, None
                 if inst.status == "downloaded":  # the finished download is now a cache entry
@@ -136,9 +146,7 @@ class ModelManager:
         """Re-read every source; restart running models whose options changed (§5.7)."""
         self.reloading = True
         try:
-            entries = build_catalogue(
-                self.config.models_dir, self.config.models_preset, self.config.cli_options, startup=False
-            )
+            entries = self._build_catalogue(startup=False)
             stops = []
             for name, inst in list(self.instances.items()):
                 new = entries.get(name)

@@ -199,6 +199,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("--mcp-servers-config", "LLAMA_ARG_MCP_SERVERS_CONFIG", child=False),
     _o("--mcp-servers-json", "LLAMA_ARG_MCP_SERVERS_JSON", child=False),
     _o("--ui-mcp-proxy --webui-mcp-proxy", "LLAMA_ARG_UI_MCP_PROXY", _F, _NO_PROXY, child=False),
+    _o("--cors-proxy-allow", "LLAMA_ARG_CORS_PROXY_ALLOW", child=False),
     _o("--models-dir", "LLAMA_ARG_MODELS_DIR", child=False),
     _o("--models-preset", "LLAMA_ARG_MODELS_PRESET", child=False),
     _o("--models-max", "LLAMA_ARG_MODELS_MAX", child=False),
@@ -207,7 +208,16 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 # keys a preset may set that configure the router's handling of the entry
-PRESET_ONLY = frozenset({"load-on-startup", "stop-timeout", "dedup-cache-models", "remote"})
+PRESET_ONLY = frozenset(
+    {
+        "load-on-startup",
+        "stop-timeout",
+        "dedup-cache-models",
+        "remote",
+        "remote-api-key",
+        "remote-api-key-file",
+    }
+)
 
 _BY_NAME: dict[str, Option] = {}
 _NEGATIVE: set[str] = set()

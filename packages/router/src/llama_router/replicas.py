@@ -1,12 +1,13 @@
 """Remote replicas: a preset entry whose `remote = URL[, URL...]` names llama-servers on other hosts.
 Requests are balanced by least outstanding requests over the healthy ones; a background check takes a
-replica out when `/health` fails and puts it back when it answers again."""
+replica out when `/health` fails or it refuses the replica's API key, and puts it back when it answers
+again. A replica gets only its own configured key (`Authorization: Bearer`), never a client's."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
@@ -14,7 +15,7 @@ import httpx
 if TYPE_CHECKING:
     from .models import Instance, ModelManager
 
-__all__ = ["Replica", "check_replicas", "pick_replica"]
+__all__ = ["Replica", "check_replicas", "pick_replica", "replicas_of"]
 
 log = logging.getLogger("llama_router")
 
@@ -22,10 +23,15 @@ log = logging.getLogger("llama_router")
 @dataclass(slots=True)
 class Replica:
     url: str
-    key: str = ""
+    key: str = field(default="", repr=False)  # the replica's own API key, sent as a bearer token
     outstanding: int = 0
     healthy: bool = True
     served: int = 0
+
+
+def replicas_of(remote: tuple[str, ...], keys: tuple[str, ...]) -> list[Replica]:
+    """The replicas of an entry: `keys` is empty (no key) or aligned with the URLs."""
+    return [Replica(u.rstrip("/"), k) for u, k in zip(remote, keys or ("",) * len(remote), strict=True)]
 
 
 def pick_replica(inst: Instance) -> Replica | None:
@@ -38,24 +44,35 @@ def pick_replica(inst: Instance) -> Replica | None:
     return best
 
 
-async def _check(client: httpx.AsyncClient, r: Replica) -> bool:
+async def _check(client: httpx.AsyncClient, r: Replica) -> str:
+    """Why the replica cannot serve ("" when it can): `/health` must answer 200, and an authenticated
+    route must take the replica's key (`/health` is public on a server with `--api-key`)."""
+    headers = {"Authorization": f"Bearer {r.key}"} if r.key else {}
     try:
-        resp = await client.get(r.url + "/health", timeout=2.0)
-        return resp.status_code == 200
-    except httpx.HTTPError:
-        return False
+        resp = await client.get(r.url + "/health", headers=headers, timeout=2.0)
+        if resp.status_code != 200:
+            return f"/health answered {resp.status_code}"
+        resp = await client.get(r.url + "/v1/models", headers=headers, timeout=2.0)
+    except httpx.HTTPError as e:
+        return type(e).__name__
+    if resp.status_code in (401, 403):
+        return "it refused the API key given for it" if r.key else "it requires an API key"
+    return ""
 
 
 async def check_replicas(manager: ModelManager, client: httpx.AsyncClient) -> None:
     """Forever: every `health_interval` seconds, probe each replica and update the model's status."""
     while True:
         for inst in [i for i in manager.instances.values() if i.entry.remote]:
-            results = await asyncio.gather(*(_check(client, r) for r in inst.replicas))
-            for r, ok in zip(inst.replicas, results, strict=True):
-                if ok != r.healthy:
-                    log.warning("replica %s of %s is %s", r.url, inst.name, "back" if ok else "out")
-                r.healthy = ok
-            status = "loaded" if any(results) else "unloaded"
+            replicas = list(inst.replicas)  # a reload may replace them meanwhile
+            reasons = await asyncio.gather(*(_check(client, r) for r in replicas))
+            for r, why in zip(replicas, reasons, strict=True):
+                if not why and not r.healthy:
+                    log.warning("replica %s of %s is back", r.url, inst.name)
+                elif why and r.healthy:
+                    log.warning("replica %s of %s is out: %s", r.url, inst.name, why)
+                r.healthy = not why
+            status = "loaded" if any(r.healthy for r in inst.replicas) else "unloaded"
             if status != inst.status:
                 manager.set_remote_status(inst, status)
         await asyncio.sleep(manager.config.health_interval)
