@@ -130,3 +130,26 @@ def test_expf_reference_matches_the_kernel_off_the_main_path() -> None:
     with np.errstate(over="ignore"):
         want = np.array([expf_sse2(np.float32(v)) for v in x], np.float32)
     np.testing.assert_array_equal(ref.expf(x), want)
+
+
+@pytest.mark.parametrize("tile_cols", ops.TILE_WIDTHS)
+@pytest.mark.parametrize("kv_type", [np.float32, np.float16])
+def test_sinks_equal_the_reference(kv_type: type, tile_cols: int) -> None:
+    """Attention sinks (gpt-oss): a per-head logit in the softmax's maximum and sum, below and above the
+    rows' scores, for prompt blocks and single tokens; without them the numbers are the plain softmax's."""
+    n_head, n_head_kv, head_dim, n = 6, 2, 16, 23
+    rng = np.random.default_rng(31)
+    cells, lo, hi, n_cells = _ranges(n, rng)
+    k = rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(kv_type)
+    v = rng.standard_normal((n_cells, n_head_kv * head_dim)).astype(kv_type)
+    q = (rng.standard_normal((n, n_head * head_dim)) * 2).astype(np.float32)
+    sinks = np.array([-40.0, -1.0, 0.5, 2.0, 8.0, 60.0], np.float32)  # the last exceeds every score
+    got = np.empty((n, n_head * head_dim), np.float32)
+    ops.attention(got, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.25, tile_cols, sinks)
+    want = np.empty_like(got)
+    ref.attention(want, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.25, sinks)
+    np.testing.assert_array_equal(got, want)
+    plain = np.empty_like(got)
+    ops.attention(plain, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, 0.25, tile_cols)
+    assert (got[:, :head_dim] == plain[:, :head_dim]).all()  # a sink of -40 adds nothing to the sum
+    assert not np.allclose(got[:, 3 * head_dim :], plain[:, 3 * head_dim :])

@@ -18,6 +18,8 @@ one call (``_attention_job``), and each product is its own compiled function (``
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from numba import prange, uint64
@@ -33,17 +35,21 @@ from .tiles import TILE_COLS
 
 __all__ = [
     "FEW_JOBS",
+    "NO_SINKS",
     "PHASED_TOKENS",
     "TILE_WIDTHS",
     "attend",
     "attention",
     "phase_sizes",
     "prepare_qkv",
+    "sink_correction",
     "softmax_row",
+    "softmax_row_sink",
     "tiles_for",
 ]
 
 TILE_WIDTHS = (TILE_COLS, 8)  # the many-lane tiles' column counts the kernels are built for
+NO_SINKS = np.zeros(0, np.float32)  # the attention sinks of a model without them
 
 
 def tiles_for(kernels: KernelSet) -> int:
@@ -65,17 +71,20 @@ def attention(
     head_dim: int,
     scale: float,
     tile_cols: int | None = None,
+    sinks: np.ndarray | None = None,
 ) -> None:
     """Attention (the module doc) of q [n, n_head * head_dim] over k, v [n_cells, n_head_kv * head_dim]
     (float16 or float32) into out [n, n_head * head_dim]; ``tile_cols`` (4 or 8) defaults to the host's
-    kernel set's."""
+    kernel set's; ``sinks`` [n_head] (float32): each head's learned sink logit, a term of the softmax's
+    denominator only (ggml_soft_max_add_sinks)."""
     cols = tiles_for(resolve_kernel_set(None)) if tile_cols is None else tile_cols
     if cols not in TILE_WIDTHS:
         raise ValueError(f"tile_cols must be one of {TILE_WIDTHS}, got {cols}")
     kc, vc = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (k, v))
     qq = np.empty_like(q)
     _ready_q(qq, q, 0, n, q.shape[1], np.float32(1.0), kc)
-    _attend_ready(out, qq, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, np.float32(scale), cols)
+    sk = NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32)
+    _attend_ready(out, qq, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, np.float32(scale), cols, sk)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -106,12 +115,14 @@ def attend(  # type: ignore[no-untyped-def]
     q_scale,
     kq_scale,
     cols,
+    sinks,
 ):
     """A layer's attention from its fused product qkv [n, (n_head + 2 * n_head_kv) * head_dim] (q | k | v),
     in the graph's order: the biases bq, bk, bv, the per-head norms q_norm, k_norm (each skipped when
     empty), RoPE on q and k, q times ``q_scale`` into the scratch q [n, n_head * head_dim] (rounded to f16
     for an f16 K cache), k and v stored in the cache layer at ``new_cells`` (kc / vc: float32, or an f16
-    cache's uint16 view), then ``attention`` with ``kq_scale`` into out. qkv is overwritten."""
+    cache's uint16 view), then ``attention`` with ``kq_scale`` and the per-head ``sinks`` (empty: none)
+    into out. qkv is overwritten."""
     nq, nk = n_head * head_dim, n_head_kv * head_dim
     prepare_qkv(
         qkv, bq, bk, bv, q_norm, k_norm, eps, pos, table, n, n_head, n_head_kv, head_dim, rope_dims, mode
@@ -119,7 +130,7 @@ def attend(  # type: ignore[no-untyped-def]
     _ready_q(q, qkv, 0, n, nq, q_scale, kc)
     store_rows(kc, new_cells, qkv, nq, nk)
     store_rows(vc, new_cells, qkv, nq + nk, nk)
-    _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols)
+    _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols, sinks)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -169,7 +180,7 @@ def _ready_q(q, src, c0, n, nq, q_scale, kc):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols):  # type: ignore[no-untyped-def]
+def _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, cols, sinks):  # type: ignore[no-untyped-def]
     """``attention`` on a q already rounded for the cache type (with an f16 V cache, ggml_mul_mat(v f16, kq)
     converts the probabilities to f16), per KV head and token block (``_attention_job``), the jobs in
     parallel. The loop body is one call, so the parallel lowering works on a small body; and every level
@@ -194,6 +205,7 @@ def _attend_ready(out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim,
             head_dim,
             kq_scale,
             cols,
+            sinks,
         )
 
 
@@ -253,13 +265,41 @@ def softmax_row(w, o, length):  # type: ignore[no-untyped-def]
     for j in range(o, o + length):
         if w[j] > mx:
             mx = w[j]
-    return _softmax_sse2(w, o, length, mx)
+    return np.float32(1.0 / _softmax_sse2(w, o, length, mx))
+
+
+@numba.njit(cache=True, nogil=True)
+def softmax_row_sink(w, o, length, sink):  # type: ignore[no-untyped-def]
+    """``softmax_row`` with an attention sink (ggml_soft_max_ext's sinks): the maximum taken over the row
+    and ``sink``, and expf(sink - max) (libm's) added to the double sum; returns 1 / sum in float32."""
+    mx = np.float32(-np.inf)
+    for j in range(o, o + length):
+        if w[j] > mx:
+            mx = w[j]
+    mx = mx if mx > sink else sink  # MAX(max, sk)
+    total = _softmax_sse2(w, o, length, mx)
+    total += np.float64(np.float32(math.exp(sink - mx)))
+    return np.float32(1.0 / total)
+
+
+@numba.njit(cache=True, nogil=True)
+def sink_correction(sink, big_m, big_s):  # type: ignore[no-untyped-def]
+    """Flash attention's sink step after the online softmax's last cell (running maximum ``big_m``, sum
+    ``big_s``): (ms, S), the factor on the accumulated values (1: none) and the new sum S * ms + vs, with
+    ms = expf(M - sink) where the sink exceeds M, else vs = expf(sink - M)."""
+    ms = np.float32(1.0)
+    vs = np.float32(1.0)
+    if sink > big_m:
+        ms = np.float32(math.exp(big_m - sink))
+    else:
+        vs = np.float32(math.exp(sink - big_m))
+    return ms, big_s * ms + vs
 
 
 @numba.njit(cache=True, nogil=True)
 def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
     """w[o:o+length] <- exp(w - mx) through ggml_v_expf four at a time, summed as ggml_vec_soft_max_f32
-    (SSE2 horizontal sum of each group, then in double); returns 1 / sum in float32."""
+    (SSE2 horizontal sum of each group, then in double); returns the sum (double)."""
     row = w[o : o + length]
     n = uint64(length)
     if expf_in_range(row, n, mx):
@@ -277,11 +317,13 @@ def _softmax_sse2(w, o, length, mx):  # type: ignore[no-untyped-def]
         for i in range(rest):
             e[i] = row[length - rest + i]
         total += np.float64((e[0] + e[1]) + (e[2] + e[3]))
-    return np.float32(1.0 / total)
+    return total
 
 
 @numba.njit(cache=True, nogil=True)
-def _attention_job(job, out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, cols):  # type: ignore[no-untyped-def]
+def _attention_job(
+    job, out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n_head_kv, head_dim, sc, cols, sinks
+):  # type: ignore[no-untyped-def]
     """One KV head and token block, with the block's query heads as lanes: every dot product and output
     element sums over the dimension, then the cells, in ggml's order. Many lanes (a prompt) are the vector
     lanes, so each K and V row is read once for all of them; few lanes (decoding) run one at a time over a
@@ -318,7 +360,10 @@ def _attention_job(job, out, q, k, v, cells, lo, hi, starts, n_blocks, n_head, n
     inv = np.empty(lanes, np.float32)
     for a in range(lanes):
         t = t0 + a // group
-        inv[a] = softmax_row(w[a], lo[t] - jlo, hi[t] - lo[t])
+        if len(sinks):  # lane a's query head is kh * group + a % group
+            inv[a] = softmax_row_sink(w[a], lo[t] - jlo, hi[t] - lo[t], sinks[kh * group + a % group])
+        else:
+            inv[a] = softmax_row(w[a], lo[t] - jlo, hi[t] - lo[t])
     if tiled:
         kqv = kqv_many(w, inv, v, cells, lo, hi, jlo, span, t0, group, ko, head_dim, lanes, cols)
     else:  # few lanes: the dimensions are the register tile's lanes

@@ -28,7 +28,16 @@ from numba import float32, float64, prange, uint64
 from llama_quant.kernels.act import quantize_q8
 
 from ._intrinsics import bits_f32, f32_bits, round_f16, widen
-from .attention import FEW_JOBS, PHASED_TOKENS, phase_sizes, prepare_qkv, softmax_row
+from .attention import (
+    FEW_JOBS,
+    NO_SINKS,
+    PHASED_TOKENS,
+    phase_sizes,
+    prepare_qkv,
+    sink_correction,
+    softmax_row,
+    softmax_row_sink,
+)
 from .expf import expf_sse2
 from .kv_dots import block_scores, block_values, head_dot, unpack_head
 from .products import kqv_few, round_up
@@ -79,6 +88,7 @@ def attend_typed(  # type: ignore[no-untyped-def]
     q_scale,
     kq_scale,
     cols,
+    sinks,
     kind_k,
     kind_v,
     flash,
@@ -89,7 +99,8 @@ def attend_typed(  # type: ignore[no-untyped-def]
     """``attention.attend`` for any cache type: the same preparation of q and k; with a rotated cache
     (``rot_k`` / ``rot_v`` > 0, llama.cpp's attention rotation) q and k, and v, through the Walsh-Hadamard
     transform; the new keys and values stored through ``store(cells, k_rows, v_rows)`` (the cache's
-    encoder); ``attention_typed``; and the output rotated back when v was rotated."""
+    encoder); ``attention_typed`` (with the per-head ``sinks``, empty: none); and the output rotated back
+    when v was rotated."""
     nq, nk = n_head * head_dim, n_head_kv * head_dim
     prepare_qkv(
         qkv, bq, bk, bv, q_norm, k_norm, eps, pos, table, n, n_head, n_head_kv, head_dim, rope_dims, mode
@@ -102,8 +113,9 @@ def attend_typed(  # type: ignore[no-untyped-def]
         fwht_rows(qkv, n, nq + nk, nk, rot_v)
     store(new_cells, qkv[:n, nq : nq + nk], qkv[:n, nq + nk : nq + 2 * nk])
     attention_typed(
-        out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash
-    )
+        out, q, kc, vc, cells, lo, hi, n, n_head, n_head_kv, head_dim, kq_scale, kind_k, kind_v, flash,
+        sinks=sinks,
+    )  # fmt: skip
     if rot_v:
         fwht_rows(out, n, 0, nq, rot_v)
 
@@ -148,6 +160,7 @@ def attention_typed(  # type: ignore[no-untyped-def]
     phased=None,
     split=0,
     threads=None,
+    sinks=None,
 ) -> None:
     """Attention of q [n, n_head * head_dim] (f32, not yet converted for K) over the cache layers kc, vc
     (any storage: read as raw bytes) into out [n, n_head * head_dim]; ``flash``: flash attention.
@@ -155,8 +168,10 @@ def attention_typed(  # type: ignore[no-untyped-def]
     ``attention.phase_sizes``' arguments) or ``_run``; None:
     phased when the (token, KV head) jobs are fewer than ``attention.FEW_JOBS``, the tokens at most
     ``attention.PHASED_TOKENS`` and there is more than one thread (the tiled kernel never is). The numbers
-    are the same."""
+    are the same. ``sinks`` [n_head]: each head's attention sink logit (ggml's sinks: softmax_add_sinks
+    without flash attention, flash_attn_ext_add_sinks with it); None: none."""
     nq = n_head * head_dim
+    sinks = NO_SINKS if sinks is None else np.ascontiguousarray(sinks, np.float32)
     if flash:
         kind_k = _F32_AS_F16 if kind_k == KIND_F32 else kind_k
         kind_v = _F32_AS_F16 if kind_v == KIND_F32 else kind_v
@@ -169,7 +184,7 @@ def attention_typed(  # type: ignore[no-untyped-def]
         qr = np.ascontiguousarray(q[:n, :nq], np.float32)  # the tiled kernel keeps q in f32
     args = (
         out, qr, xq, xd, xs, xsum, kb, vb, cells, lo, hi, n, n_head, n_head_kv, head_dim,
-        np.float32(kq_scale), kind_k, kind_v, flash,
+        np.float32(kq_scale), kind_k, kind_v, flash, sinks,
     )  # fmt: skip
     threads = numba.get_num_threads() if threads is None else threads
     if phased is None:
@@ -384,6 +399,7 @@ def _run(
     kind_k,
     kind_v,
     flash,
+    sinks,
     tiled,
     qk,
     vt,
@@ -395,8 +411,9 @@ def _run(
             t = job // n_head
             h = job % n_head
             _tiled_row(
-                out, qr, kb, vb, cells, lo[t], hi[t], t, h, n_head, n_head_kv, head_dim, scale, kind_k, kind_v
-            )
+                out, qr, kb, vb, cells, lo[t], hi[t], t, h, n_head, n_head_kv, head_dim, scale, kind_k, kind_v,
+                sinks,
+            )  # fmt: skip
         return
     for job in prange(n * n_head_kv):
         t = job // n_head_kv
@@ -404,12 +421,12 @@ def _run(
         if flash:
             _flash_rows(
                 out, qr, xq, xd, xs, xsum, kb, vb, cells, lo[t], hi[t], t, kh, n_head // n_head_kv, head_dim,
-                scale, kind_k, kind_v, qk,
+                scale, kind_k, kind_v, qk, sinks,
             )  # fmt: skip
         else:
             _mha_rows(
                 out, qr, xq, xd, xs, xsum, kb, vb, cells, lo[t], hi[t], t, kh, n_head // n_head_kv, head_dim,
-                scale, kind_k, kind_v, qk, vt,
+                scale, kind_k, kind_v, qk, vt, sinks,
             )  # fmt: skip
 
 
@@ -434,6 +451,7 @@ def _run_phased(
     kind_k,
     kind_v,
     flash,
+    sinks,
     qk,
     threads,
     split,
@@ -455,6 +473,8 @@ def _run_phased(
     w = np.empty((n, n_head, span), np.float32)  # K.Q, then the softmax's exponentials (flash: vs)
     ms = np.empty((n, n_head, span if flash else 1), np.float32)  # flash: the online softmax's ms
     norm = np.empty((n, n_head), np.float32)  # flash: S; otherwise 1 / sum
+    # flash attention with sinks: each head's sink factor on its values (no columns without sinks)
+    sink_ms = np.ones((n, n_head if len(sinks) else 0), np.float32)
     for job in prange(n * n_head_kv * n_split):
         tk = job // n_split
         t, kh = tk // n_head_kv, tk % n_head_kv
@@ -490,7 +510,12 @@ def _run_phased(
         t, h = job // n_head, job % n_head
         length = max(hi[t] - lo[t], 0)
         if flash:
+            big_m = _row_max(w[t, h], length)
             norm[t, h] = _online_softmax_row(w[t, h], ms[t, h], length)
+            if len(sinks):
+                sink_ms[t, h], norm[t, h] = sink_correction(sinks[h], big_m, norm[t, h])
+        elif len(sinks):
+            norm[t, h] = softmax_row_sink(w[t, h], 0, length, sinks[h])
         else:
             norm[t, h] = softmax_row(w[t, h], 0, length)
     blk = head_dim // n_blk
@@ -507,6 +532,7 @@ def _run_phased(
                 w[t],
                 ms[t],
                 norm[t],
+                sink_ms[t],
                 vb,
                 cells,
                 lo[t],
@@ -555,9 +581,12 @@ def _tile_sums_out(out, w, inv, vt, cells, jlo, length, t, kh, group, head_dim, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _flash_values(out, w, ms, big_s, vb, cells, jlo, jhi, t, kh, group, head_dim, d0, blk, vo, kind_v, qk):  # type: ignore[no-untyped-def]
+def _flash_values(
+    out, w, ms, big_s, sink_ms, vb, cells, jlo, jhi, t, kh, group, head_dim, d0, blk, vo, kind_v, qk
+):  # type: ignore[no-untyped-def]
     """``_flash_rows``' V sums and output for dimensions d0 .. d0 + blk of token t's query heads over KV
-    head kh (w: vs, ms, big_s: the online softmax's, [n_head, .]); vo: byte offset of dimension d0."""
+    head kh (w: vs, ms, big_s: the online softmax's, [n_head, .]; sink_ms [n_head]: the sinks' factors on
+    the sums, empty without sinks); vo: byte offset of dimension d0."""
     acc = np.zeros((group, blk), np.float32)
     v32 = np.empty(blk, np.float32)
     f16v = kind_v in (KIND_F16, _F32_AS_F16)
@@ -575,6 +604,9 @@ def _flash_values(out, w, ms, big_s, vb, cells, jlo, jhi, t, kh, group, head_dim
                     acc[g, d] = acc[g, d] * m + v32[d] * vs
     for g in range(group):
         h = kh * group + g
+        if len(sink_ms):
+            for d in range(blk):
+                acc[g, d] = acc[g, d] * sink_ms[h]
         inv = float32(0.0) if big_s[h] == float32(0.0) else float32(1.0) / big_s[h]
         for d in range(blk):
             out[t, h * head_dim + d0 + d] = acc[g, d] * inv
@@ -613,11 +645,31 @@ def _head_bytes(kind, head_dim):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def _flash_rows(
-    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v, qk
+    out,
+    qr,
+    xq,
+    xd,
+    xs,
+    xsum,
+    kb,
+    vb,
+    cells,
+    jlo,
+    jhi,
+    t,
+    kh,
+    group,
+    head_dim,
+    scale,
+    kind_k,
+    kind_v,
+    qk,
+    sinks,
 ):  # type: ignore[no-untyped-def]
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for the rows of q of token t's query heads over
-    KV head kh (no mask values, sinks or softcap: the cells outside [jlo, jhi) are the masked ones ggml
-    skips); each head keeps its own running max, sum and accumulator."""
+    KV head kh (no mask values or softcap: the cells outside [jlo, jhi) are the masked ones ggml skips);
+    each head keeps its own running max, sum and accumulator; the sinks (when not empty) close each head's
+    softmax after its last cell, the accumulator by then widened to f32."""
     ko, vo = kh * _head_bytes(kind_k, head_dim), kh * _head_bytes(kind_v, head_dim)
     length = max(jhi - jlo, 0)
     w = np.empty((group, max(length, 1)), np.float32)
@@ -627,6 +679,9 @@ def _flash_rows(
     v32 = np.empty(head_dim, np.float32)
     big_s = np.zeros(group, np.float32)
     ms = np.empty((group, max(length, 1)), np.float32)
+    big_m = np.empty(group, np.float32)
+    for g in range(group):  # the online softmax's final maximum M, for the sinks
+        big_m[g] = _row_max(w[g], length)
     _online_softmax(w, ms, big_s, group, length)  # w becomes vs
     f16v = kind_v in (KIND_F16, _F32_AS_F16)
     hd = uint64(head_dim)
@@ -642,10 +697,24 @@ def _flash_rows(
                 for d in range(hd):
                     acc[g, d] = acc[g, d] * m + v32[d] * vs
     for g in range(group):
+        if len(sinks):
+            sm, big_s[g] = sink_correction(sinks[kh * group + g], big_m[g], big_s[g])
+            for d in range(head_dim):
+                acc[g, d] = acc[g, d] * sm
         inv = float32(0.0) if big_s[g] == float32(0.0) else float32(1.0) / big_s[g]
         qo = (kh * group + g) * head_dim
         for d in range(head_dim):
             out[t, qo + d] = acc[g, d] * inv
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_max(w, length):  # type: ignore[no-untyped-def]
+    """The largest of w[:length] (-inf when empty): the online softmax's maximum after its last cell."""
+    big_m = float32(-np.inf)
+    for j in range(length):
+        if w[j] > big_m:
+            big_m = w[j]
+    return big_m
 
 
 @numba.njit(cache=True, nogil=True)
@@ -680,7 +749,27 @@ def _online_softmax_row(w, ms, length):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def _mha_rows(
-    out, qr, xq, xd, xs, xsum, kb, vb, cells, jlo, jhi, t, kh, group, head_dim, scale, kind_k, kind_v, qk, vt
+    out,
+    qr,
+    xq,
+    xd,
+    xs,
+    xsum,
+    kb,
+    vb,
+    cells,
+    jlo,
+    jhi,
+    t,
+    kh,
+    group,
+    head_dim,
+    scale,
+    kind_k,
+    kind_v,
+    qk,
+    vt,
+    sinks,
 ):  # type: ignore[no-untyped-def]
     """mul_mat(k, q) -> soft_max_ext -> mul_mat(v, kq) for the rows of q of token t's query heads over KV
     head kh, as ``attention``: KQ scaled in float, ggml_v_expf softmax, the probabilities converted to V's
@@ -692,7 +781,10 @@ def _mha_rows(
     _scores(w, qr, xq, xd, xs, xsum, kb, cells, jlo, length, ko, t, kh, group, head_dim, scale, kind_k, qk)
     inv = np.empty(group, np.float32)
     for g in range(group):
-        inv[g] = softmax_row(w[g], 0, length)
+        if len(sinks):
+            inv[g] = softmax_row_sink(w[g], 0, length, sinks[kh * group + g])
+        else:
+            inv[g] = softmax_row(w[g], 0, length)
     if kind_v in (KIND_F16, KIND_F32):  # the register tiles: the same products and sums
         _tile_sums_out(out, w, inv, vt, cells, jlo, length, t, kh, group, head_dim, 0, head_dim)
         return
@@ -711,13 +803,15 @@ def _mha_rows(
 
 
 @numba.njit(cache=True, nogil=True)
-def _tiled_row(out, q, kb, vb, cells, jlo, jhi, t, h, n_head, n_head_kv, head_dim, scale, kind_k, kind_v):  # type: ignore[no-untyped-def]
+def _tiled_row(
+    out, q, kb, vb, cells, jlo, jhi, t, h, n_head, n_head_kv, head_dim, scale, kind_k, kind_v, sinks
+):  # type: ignore[no-untyped-def]
     """ggml_compute_forward_flash_attn_ext_tiled for one row of q, without SIMD: the cells in tiles of
     _KV_TILE by cell index; per tile K.Q as f32 sums in order (q kept in f32, K widened), scaled; the
     running max and libm expf rescaling; the tile's exponentials through ggml_v_expf, summed as
     ggml_vec_soft_max_f32 (SSE2 groups of four, in double) into S; the weighted V rows added in f32 in
-    order (simd_gemm's scalar form). Masked cells are -inf in KQ: zero weights, which leave every sum
-    as it is."""
+    order (simd_gemm's scalar form); the head's sink (when ``sinks`` is not empty) after the last tile.
+    Masked cells are -inf in KQ: zero weights, which leave every sum as it is."""
     ko, vo = _offsets(h, n_head, n_head_kv, head_dim, kind_k, kind_v)
     qo = h * head_dim
     wk, wv = _BLOCK_BYTES[kind_k], _BLOCK_BYTES[kind_v]
@@ -768,6 +862,10 @@ def _tiled_row(out, q, kb, vb, cells, jlo, jhi, t, h, n_head, n_head_kv, head_di
                 if slot_j[i] >= 0:
                     a = a + kq[i] * _float_at(vb, cells[slot_j[i]], vo + d * wv, kind_v)
             acc[d] = a
+    if len(sinks):
+        sm, big_s = sink_correction(sinks[h], big_m, big_s)
+        for d in range(head_dim):
+            acc[d] = acc[d] * sm
     inv = float32(0.0) if big_s == float32(0.0) else float32(1.0) / big_s
     for d in range(head_dim):
         out[t, qo + d] = acc[d] * inv

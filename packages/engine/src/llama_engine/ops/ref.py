@@ -72,20 +72,25 @@ def expf(x: np.ndarray) -> np.ndarray:
     return np.where(np.abs(nn) > 126, special, main).astype(_F32)
 
 
-def _softmax(w: np.ndarray) -> np.ndarray:
+def _softmax(w: np.ndarray, sink: np.float32 | None = None) -> np.ndarray:
     """ggml_soft_max: exp(w - max) through ggml_v_expf, summed four at a time (SSE2's horizontal sum in
-    float) then in double; times 1 / sum in float."""
-    e = expf(w - w.max())
+    float) then in double; times 1 / sum in float. A ``sink`` joins the maximum and adds its expf (the C
+    library's) to the sum."""
+    mx = w.max() if sink is None else max(w.max(), sink)
+    e = expf(w - mx)
     padded = np.zeros(-(-len(e) // 4) * 4, _F32)
     padded[: len(e)] = e
     q = padded.reshape(-1, 4)
     total = _running_sum(((q[:, 0] + q[:, 1]) + (q[:, 2] + q[:, 3])).astype(_F64), 0)
+    if sink is not None:
+        total = total + _F64(_F32(np.exp(_F64(_F32(sink - mx)))))
     return e * _F32(1.0 / total)
 
 
-def attention(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, scale) -> None:  # type: ignore[no-untyped-def]
-    """Token t, head h: softmax(scale * q . k_j) over cells[lo[t]:hi[t]], then the sum of p_j v_j (the
-    numerics in ``attention.attention``'s doc: f16 K rounds q, f16 V rounds the probabilities)."""
+def attention(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, scale, sinks=None) -> None:  # type: ignore[no-untyped-def]
+    """Token t, head h: softmax(scale * q . k_j) over cells[lo[t]:hi[t]] (and the sink sinks[h], when
+    given), then the sum of p_j v_j (the numerics in ``attention.attention``'s doc: f16 K rounds q, f16 V
+    rounds the probabilities)."""
     k16, v16 = k.dtype == np.float16, v.dtype == np.float16
     group = n_head // n_head_kv
     for t in range(n):
@@ -98,7 +103,7 @@ def attention(out, q, k, v, cells, lo, hi, n, n_head, n_head_kv, head_dim, scale
             if k16:  # f16 times f16 is exact in float and in double
                 qh = qh.astype(np.float16).astype(_F32)
             dots = _running_sum((qh[None, :] * kh).astype(_F64), 1)
-            p = _softmax(dots.astype(_F32) * _F32(scale))
+            p = _softmax(dots.astype(_F32) * _F32(scale), None if sinks is None else _F32(sinks[h]))
             if v16:
                 p = p.astype(np.float16).astype(_F32)
             out[t, qo : qo + head_dim] = _running_sum((p[:, None] * vh).astype(_F64), 0).astype(_F32)
