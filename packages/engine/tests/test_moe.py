@@ -112,6 +112,9 @@ def _layer_and_reference(seed: int, types: tuple[T, T, T], shared: bool, cfg: Mo
             cfg.weights_scale,
             sh,
             sh_gate,
+            moe.router_bias,
+            None if moe.gate_bias is None else (moe.gate_bias, moe.up_bias, moe.down_bias),
+            cfg.activation == "swiglu_oai",
         )
 
     return moe, reference
@@ -164,3 +167,34 @@ def test_a_batch_reads_each_chosen_expert_once() -> None:
         m.calls, m.index = calls, e  # type: ignore[attr-defined]
     _run(moe, np.random.default_rng(4).standard_normal((16, N_EMBD)).astype(np.float32))
     assert len(calls) == len(set(calls)) and calls == sorted(calls) and len(calls) > 2
+
+
+def test_swiglu_oai_matches_reference_past_the_limit() -> None:
+    """ggml_swiglu_oai: the gate clamped above only, the up value on both sides, at 7."""
+    from llama_engine.layers.moe import OAI_ALPHA, OAI_LIMIT, swiglu_oai
+
+    rng = np.random.default_rng(5)
+    gu = (rng.standard_normal((3, 2 * 40)) * 6).astype(np.float32)  # many values beyond +-7
+    gu[0, :4] = [np.float32(7.0), np.float32(-7.0), np.float32(100.0), np.float32(-100.0)]
+    out = np.empty((3, 40), np.float32)
+    swiglu_oai(out, gu, gu, 3, 40, 0, 40, np.float32(OAI_ALPHA), np.float32(OAI_LIMIT))
+    want = layers_ref.swiglu_oai(gu[:, :40], gu[:, 40:], OAI_ALPHA, OAI_LIMIT)
+    np.testing.assert_array_equal(out, want)
+    assert (np.abs(gu) > 7).any() and np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("types", [(T.MXFP4, T.MXFP4, T.MXFP4), (T.Q8_0, T.F16, T.Q8_0)])
+def test_gpt_oss_experts_with_biases_match_reference(types: tuple[T, T, T]) -> None:
+    """gpt-oss's layer: the router's bias, a softmax over the chosen logits, per-expert gate, up and down
+    biases (ggml_add_id) and swiglu_oai; MXFP4 experts (gate and up stacked) or gate and up apart."""
+    cfg = MoEConfig(8, 4, Gating.SOFTMAX_WEIGHT, activation="swiglu_oai")
+    moe, reference = _layer_and_reference(6, types, False, cfg)
+    rng = np.random.default_rng(7)
+    moe.router_bias = rng.standard_normal(8).astype(np.float32)
+    moe.gate_bias, moe.up_bias = (rng.standard_normal((8, N_FF)).astype(np.float32) for _ in "gu")
+    moe.down_bias = rng.standard_normal((8, N_EMBD)).astype(np.float32)
+    x = (rng.standard_normal((9, N_EMBD)) * 3).astype(np.float32)
+    got = _run(moe, x)
+    np.testing.assert_array_equal(got, reference(x))
+    np.testing.assert_array_equal(_run(moe, x[4:5])[0], got[4])
+    assert np.isfinite(got).all() and got.std() > 0

@@ -16,8 +16,9 @@ __all__ = ["can_reuse_chunks", "reuse_chunks"]
 
 
 def can_reuse_chunks(kv: KVCache) -> bool:
-    """Whether shifting cached chunks is possible: no pool forgets positions (no reduced window pool)."""
-    return all(p.window is None or p.n_cells >= kv.n_ctx for p in kv.pools)
+    """Whether shifting cached chunks is possible: no pool forgets positions (no reduced window pool, no
+    recurrent state)."""
+    return kv.can_shift and all(p.window is None or p.n_cells >= kv.n_ctx for p in kv.pools)
 
 
 def reuse_chunks(

@@ -7,7 +7,8 @@ request sharing a long prefix recomputes the whole prompt. A checkpoint copies, 
 cannot roll back, the cells a token at position ``n_tokens`` still attends to (for a window of w: the
 w - 1 positions before it); restoring it and truncating the other pools resumes the sequence exactly
 there, as llama-server's context checkpoints (``server_prompt_checkpoint``) do. A recurrent or hybrid
-model's state would be one more pool that cannot roll back: its part of a checkpoint is its state.
+model's state (``memory.RecurrentPool``) is one more pool that cannot roll back: its part of a
+checkpoint is the state itself, as it was before position ``n_tokens``.
 
 When (llama-server's rule without message spans): a prompt is cut into chunks that end ``n_batch`` and
 4 tokens before its end, and a checkpoint is taken at those two points and at the request's first chunk
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kv_cache import CellPool, KVCache, KVCacheFullError
+from .memory import RecurrentPool
 
 __all__ = ["DEFAULT_CHECKPOINTS", "Checkpoint", "CheckpointConfig", "Checkpoints"]
 
@@ -70,9 +72,12 @@ class Checkpoint:
         return self.nbytes / 1024 / 1024
 
 
-def _lossy(pool: CellPool, n_ctx: int) -> bool:
-    """Whether the pool forgets positions a shorter prefix needs: a window smaller than the context
-    (``--swa-full`` gives the window pool the whole context: it rolls back like a full one)."""
+def _lossy(pool: CellPool | RecurrentPool, n_ctx: int) -> bool:
+    """Whether the pool forgets positions a shorter prefix needs: recurrent state, or a window smaller
+    than the context (``--swa-full`` gives the window pool the whole context: it rolls back like a full
+    one)."""
+    if isinstance(pool, RecurrentPool):
+        return True
     return pool.window is not None and pool.n_cells < n_ctx
 
 
@@ -134,6 +139,9 @@ class Checkpoints:
                 continue
             if not pool.covers(seq, n_tokens):  # e.g. a state restored into a smaller pool
                 return None
+            if isinstance(pool, RecurrentPool):  # the state before n_tokens: the whole of it
+                parts.append(pool.seq_export(seq))
+                continue
             assert pool.window is not None
             pos, k, v = pool.seq_export(seq)
             keep = (pos >= n_tokens - pool.window + 1) & (pos < n_tokens)

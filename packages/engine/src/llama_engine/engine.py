@@ -190,6 +190,11 @@ class Engine:
         self.loras: list[LoraAdapter] = [load_lora(p, self.model) for p in config.lora]
         self.speculator: Speculator | None = None
         spec = config.speculative
+        if spec is not None and spec.enabled and self.kv.recurrent is not None:
+            raise ValueError(
+                f"speculative decoding is not supported for {c.arch}: its recurrent state cannot drop "
+                "rejected drafts"
+            )
         if spec is not None and spec.enabled:  # a draft model that does not fit the target fails here
             self.speculator = Speculator(
                 spec, self.tokenizer, config.n_parallel, self.n_ctx, config.n_batch, self.kernels
@@ -315,7 +320,9 @@ class Engine:
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this model in slot state files."""
         c = self.model.config
-        return model_fingerprint(self.gguf, c, c.n_head_kv * c.head_dim, self.kv.type_k, self.kv.type_v)
+        rec = self.kv.recurrent
+        rows = None if rec is None else (rec.layers, rec.r_dim, rec.s_dim)
+        return model_fingerprint(self.gguf, c, c.n_head_kv * c.head_dim, self.kv.type_k, self.kv.type_v, rows)
 
     def save_slot(self, slot: int, path: str | os.PathLike[str], scope: str = "") -> SlotFileResult:
         """Write the slot's tokens and KV cells to `path` (atomically); waits until the slot is idle. A

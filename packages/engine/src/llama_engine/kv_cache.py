@@ -5,6 +5,8 @@ the position, and the set of sequences that see it. Copying a prefix to another 
 sequence to the cells (no data moves), so a prompt prefix computed for one slot serves every slot.
 Models with sliding-window layers (gemma3) get a second, smaller pool for those layers whose cells
 outside every sequence's window are reclaimed when space runs out (`--swa-full` keeps them all).
+Models with recurrent layers (lfm2, granitehybrid) get a `memory.RecurrentPool` last: one state per
+sequence for those layers (llama.cpp's hybrid memory), handled by the same per-sequence operations.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .kv_types import KV_TYPES, KVType, decode_rows, encode_rows, kv_type, rotation_sizes
+from .memory import RecurrentPool
 from .ops.flash_attn import fwht_rows
 
 if TYPE_CHECKING:
@@ -313,7 +316,9 @@ _EMPTY = np.zeros(0, np.int32)
 
 
 class KVCache:
-    """The cache of one model: a full-attention pool and, for sliding-window layers, a windowed pool."""
+    """The memory of one model: a full-attention pool and, for sliding-window layers, a windowed pool, of
+    the attention layers ``layers`` (None: every layer); a ``recurrent`` pool holds the other layers'
+    per-sequence state."""
 
     def __init__(
         self,
@@ -329,15 +334,18 @@ class KVCache:
         type_v: str = "f16",
         flash_attn: bool = False,
         head_dim: int = 0,
+        layers: list[int] | None = None,
+        recurrent: RecurrentPool | None = None,
     ) -> None:
         if n_seq_max > MAX_SEQUENCES:
             raise ValueError(f"at most {MAX_SEQUENCES} sequences share one KV cache, asked for {n_seq_max}")
         self.n_ctx = n_ctx
         self.type_k, self.type_v = type_k, type_v
         self.flash_attn = flash_attn
-        full_layers = [il for il in range(n_layer) if il not in swa_layers]
-        self.pools: list[CellPool] = []
-        self._pool_of: dict[int, CellPool] = {}
+        attn = range(n_layer) if layers is None else layers
+        full_layers = [il for il in attn if il not in swa_layers]
+        self.pools: list[CellPool | RecurrentPool] = []
+        self._pool_of: dict[int, CellPool | RecurrentPool] = {}
         self._pool_index: dict[int, int] = {}
         if full_layers:
             self._add_pool(CellPool(n_ctx, full_layers, kv_dim, None, type_k, type_v, flash_attn, head_dim))
@@ -347,8 +355,17 @@ class KVCache:
             self._add_pool(
                 CellPool(size, sorted(swa_layers), kv_dim, window, type_k, type_v, flash_attn, head_dim)
             )
+        self.recurrent = recurrent
+        if recurrent is not None:
+            self._add_pool(recurrent)
 
-    def _add_pool(self, pool: CellPool) -> None:
+    @property
+    def can_shift(self) -> bool:
+        """Whether positions can be removed from the middle of a sequence and the rest moved (context
+        shift, cache reuse by shifting): not with recurrent state, which cannot drop what it absorbed."""
+        return self.recurrent is None
+
+    def _add_pool(self, pool: CellPool | RecurrentPool) -> None:
         self.pools.append(pool)
         for il in pool.layers:
             self._pool_of[il] = pool
@@ -357,8 +374,15 @@ class KVCache:
             [_EMPTY] * len(self.pools), [_Ranges(_EMPTY, _EMPTY, _EMPTY)] * len(self.pools)
         )
 
-    def pool(self, layer: int) -> CellPool:
+    def pool(self, layer: int) -> CellPool | RecurrentPool:
         return self._pool_of[layer]
+
+    def cell_pool(self, layer: int) -> CellPool:
+        """The pool of cells holding attention layer ``layer``'s keys and values."""
+        pool = self._pool_of[layer]
+        if not isinstance(pool, CellPool):
+            raise ValueError(f"layer {layer} is a recurrent layer: it has no keys and values")
+        return pool
 
     def pool_index(self, layer: int) -> int:
         """The index in ``pools`` (and in a ``Placement``) of the pool holding ``layer``."""
@@ -383,9 +407,12 @@ class KVCache:
             if p.n_free < batch.n:
                 raise KVCacheFullError(f"the KV cache has {p.n_free} free cells, the batch needs {batch.n}")
         placed = self._placement
+        if self.recurrent is not None:  # first: a batch that does not continue a state changes nothing
+            self.recurrent.check(batch.seq, batch.pos)
         for i, p in enumerate(self.pools):
             placed.cells[i] = p.place(batch.seq, batch.pos)
-            placed.ranges[i] = p.ranges(batch.seq, batch.pos)
+            if isinstance(p, CellPool):
+                placed.ranges[i] = p.ranges(batch.seq, batch.pos)
         placed.n_pos = int(batch.pos.max()) + 1 if batch.n else 0
         return placed
 

@@ -480,7 +480,7 @@ class Scheduler:
         if req.context_shift and req.shared_prompt:  # llama.cpp never shifts one of n_cmpl > 1 choices
             self.fail(s, "context shift cannot be used for shared prompt")
             return False
-        if not req.context_shift or n_discard <= 0:
+        if not req.context_shift or n_discard <= 0 or not self.kv.can_shift:  # recurrent state: no shift
             self._finish(s, StopReason.LENGTH)
             return False
         self.kv.seq_unshare(s.id)

@@ -9,6 +9,9 @@ llama.cpp's `llama_state_seq_save_file` counterpart, in this engine's own format
                         "pools": [{"layers": [...], "window": W | null, "n_cells": n}, ...]}
     tokens   int32 [N]
     per pool: pos int32 [n], k [n_layers, n, D], v [n_layers, n, D] (f16 or f32, the cache's types K, V)
+              a recurrent pool (its layers are the fingerprint's "recurrent" ones): n is 0 or 1, its
+              state at position pos, k the conv states [n_layers, n, R] and v the SSM states
+              [n_layers, n, S], float32 (R, S: the fingerprint's "rows")
     crc32    u32       of everything between the magic and the crc (header and payload)
 
 The fingerprint names the model (architecture, sizes, KV layout and type, tokenizer and weight hashes): a
@@ -94,9 +97,15 @@ class SeqState:
 
 
 def model_fingerprint(
-    gguf: Any, config: Any, kv_dim: int, type_k: str = "f16", type_v: str = "f16"
+    gguf: Any,
+    config: Any,
+    kv_dim: int,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    recurrent: tuple[list[int], int, int] | None = None,
 ) -> dict[str, Any]:
-    """What must match between the writer and the reader of a state file."""
+    """What must match between the writer and the reader of a state file; ``recurrent``: the layers of
+    the memory's recurrent pool and its conv and SSM state widths, where the model has one."""
     tok = gguf.tokenizer
     h = hashlib.sha256()
     for t in tok.tokens:
@@ -106,7 +115,7 @@ def model_fingerprint(
         if name in gguf.tensors:
             raw = gguf.tensor_bytes(name)
             w.update(name.encode() + bytes(raw[: 1 << 20]))
-    return {
+    fp = {
         "architecture": gguf.header.architecture,
         "n_layer": int(config.n_layer),
         "n_embd": int(config.n_embd),
@@ -118,17 +127,20 @@ def model_fingerprint(
         "tokenizer_sha256": h.hexdigest(),
         "weights_sha256": w.hexdigest(),
     }
+    if recurrent is not None:
+        layers, r_dim, s_dim = recurrent
+        fp["recurrent"] = {"layers": [int(i) for i in layers], "rows": [int(r_dim), int(s_dim)]}
+    return fp
 
 
 def write_state(path: str | os.PathLike[str], fingerprint: dict[str, Any], state: SeqState) -> int:
     """Write `state` atomically; returns the number of bytes written. A symbolic link at `path` is
     replaced, never followed."""
-    kv_dim = int(fingerprint["kv_dim"])
     pools_meta = [(p.layers, p.window, len(p.pos)) for p in state.pools]
     hbytes = _header_bytes(fingerprint, state.n_tokens, pools_meta)
     chunks: list[bytes | memoryview] = [hbytes, _le(state.tokens, "<i4")]
-    (kt, _), (vt, _) = (_layout(t, kv_dim) for t in fingerprint["kv_type"])
     for p in state.pools:
+        (kt, _), (vt, _) = _pool_rows(fingerprint, p.layers)
         chunks += [_le(p.pos, "<i4"), _le(p.k, kt), _le(p.v, vt)]
     return _write_atomic(Path(path), _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes)), chunks)
 
@@ -140,8 +152,9 @@ def state_size_bound(
     when a sequence holds at most `n_ctx` tokens (every pool then holds at most `n_ctx` cells)."""
     pools_meta = [(layers, window, n_ctx) for layers, window in pool_layout]
     hlen = len(_header_bytes(fingerprint, n_ctx, pools_meta))  # the widest numbers: the longest header
-    kb, vb = _row_bytes(fingerprint["kv_type"], int(fingerprint["kv_dim"]))
-    return _PREFIX.size + _content_size(hlen, n_ctx, pools_meta, kb, vb) + _CRC.size
+    # a recurrent pool holds one state whatever the length
+    pools_meta = [(ls, w, 1 if _is_recurrent(fingerprint, ls) else n) for ls, w, n in pools_meta]
+    return _PREFIX.size + _content_size(hlen, n_ctx, pools_meta, fingerprint) + _CRC.size
 
 
 def _header_bytes(
@@ -158,16 +171,33 @@ def _header_bytes(
 
 
 def _content_size(
-    hlen: int, n_tokens: int, pools_meta: Iterable[tuple[list[int], int | None, int]], kb: int, vb: int
+    hlen: int,
+    n_tokens: int,
+    pools_meta: Iterable[tuple[list[int], int | None, int]],
+    fingerprint: dict[str, Any],
 ) -> int:
     """Bytes between the prefix and the crc: header, tokens, then per pool positions, keys and values."""
-    return hlen + 4 * n_tokens + sum(4 * n + (kb + vb) * len(layers) * n for layers, _, n in pools_meta)
+    total = hlen + 4 * n_tokens
+    for layers, _, n in pools_meta:
+        (kt, kw), (vt, vw) = _pool_rows(fingerprint, layers)
+        total += 4 * n + (int(kt[-1]) * kw + int(vt[-1]) * vw) * len(layers) * n
+    return total
 
 
-def _row_bytes(kv_types: list[str], kv_dim: int) -> tuple[int, int]:
-    """Bytes of one cell's key row and value row in a file."""
-    (kt, kw), (vt, vw) = (_layout(t, kv_dim) for t in kv_types)
-    return int(kt[-1]) * kw, int(vt[-1]) * vw
+def _is_recurrent(fingerprint: dict[str, Any], layers: list[int]) -> bool:
+    rec = fingerprint.get("recurrent")
+    return isinstance(rec, dict) and rec.get("layers") == list(layers)
+
+
+def _pool_rows(fingerprint: dict[str, Any], layers: list[int]) -> tuple[tuple[str, int], tuple[str, int]]:
+    """(element type, elements per row) of a pool's k and v rows in a file: the KV cache's types, or
+    float32 conv and SSM state rows for the recurrent pool."""
+    if _is_recurrent(fingerprint, layers):
+        r_dim, s_dim = fingerprint["recurrent"]["rows"]
+        return ("<f4", int(r_dim)), ("<f4", int(s_dim))
+    kv_dim = int(fingerprint["kv_dim"])
+    k, v = (_layout(t, kv_dim) for t in fingerprint["kv_type"])
+    return k, v
 
 
 def _write_atomic(path: Path, prefix: bytes, chunks: list[bytes | memoryview]) -> int:
@@ -243,17 +273,18 @@ def read_state(
         raise StateFileError(f"the file was saved from another model (differs in {', '.join(diff)})")
     if dtype != list(fingerprint["kv_type"]) or kv_dim != fingerprint["kv_dim"]:
         raise StateFileError("unsupported KV type or size in the file")
-    (kt, kw), (vt, vw) = (_layout(t, kv_dim) for t in dtype)
-    kb, vb = _row_bytes(dtype, kv_dim)
     if [(layers, window) for layers, window, _ in pools_meta] != pool_layout:
         raise StateFileError("the file's KV cache layout differs from this model's")
-    expect = _content_size(hlen, n_tokens, pools_meta, kb, vb)
+    if any(_is_recurrent(fingerprint, layers) and n > 1 for layers, _, n in pools_meta):
+        raise StateFileError("corrupt file: a recurrent state of more than one row")
+    expect = _content_size(hlen, n_tokens, pools_meta, fingerprint)
     if n_tokens < 0 or any(n < 0 for _, _, n in pools_meta) or expect != len(body):
         raise StateFileError(f"corrupt file: {len(body)} bytes of content, the header describes {expect}")
     off = hlen
     tokens, off = _take(body, off, "<i4", (n_tokens,))
     pools = []
     for layers, window, n in pools_meta:
+        (kt, kw), (vt, vw) = _pool_rows(fingerprint, layers)
         pos, off = _take(body, off, "<i4", (n,))
         k, off = _take(body, off, kt, (len(layers), n, kw))
         v, off = _take(body, off, vt, (len(layers), n, vw))
@@ -315,7 +346,10 @@ def _check(state: SeqState, fingerprint: dict[str, Any]) -> None:
     for p in state.pools:
         if len(p.pos) and (np.any(np.diff(p.pos) <= 0) or p.pos[0] < 0 or p.pos[-1] >= n):
             raise StateFileError("corrupt file: cell positions out of order or out of range")
-        if p.window is None and not np.array_equal(p.pos, np.arange(n, dtype=np.int32)):
+        if _is_recurrent(fingerprint, p.layers):
+            if len(p.pos) and p.pos[0] != n - 1:  # the state absorbed every token
+                raise StateFileError("corrupt file: the recurrent state is not at the last token")
+        elif p.window is None and not np.array_equal(p.pos, np.arange(n, dtype=np.int32)):
             raise StateFileError("corrupt file: the full-attention cells do not cover every token")
         floats = [a for a in (p.k, p.v) if a.dtype.kind == "f"]  # ggml block bytes carry no NaN check
         if not all(np.isfinite(a).all() for a in floats):

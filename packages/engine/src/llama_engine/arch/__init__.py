@@ -5,7 +5,20 @@ from __future__ import annotations
 from gguf_io import GGUFFile
 from llama_quant.cpu import KernelSet
 
-from . import gemma3, llama, mistral3, phi3, qwen2, qwen3, qwen3moe, smollm3  # noqa: F401  (each registers itself)
+from . import (  # noqa: F401  (each registers itself)
+    gemma3,
+    gpt_oss,
+    granitehybrid,
+    lfm2,
+    llama,
+    mistral3,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3moe,
+    qwen35,
+    smollm3,
+)
 from .base import ARCHITECTURES, DecoderModel, ModelConfig, UnsupportedArchitectureError, register
 
 __all__ = [

@@ -31,7 +31,8 @@ from llama_quant.kernels import Activations, ExactMatrix
 from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
-from ..layers import FFN, DenseFFN, MoE
+from ..layers import FFN, DenseFFN, Mamba2, MoE, ShortConv, ShortConvBuffers
+from ..layers.delta_net import DeltaNet
 from ..lora import LoraAdapter
 from .rope_scaling import FREQ_FACTOR_TENSORS, freq_factors, rope_scaling
 from .workspace import EMPTY, Workspace
@@ -110,7 +111,7 @@ class LayerWeights:
     wk: ExactMatrix | None
     wv: ExactMatrix | None
     wqkv: ExactMatrix | None
-    wo: ExactMatrix
+    wo: ExactMatrix | None  # None: a recurrent layer (``mixer``)
     ffn_norm: np.ndarray | None
     ffn: FFN  # the layer's FFN kind: dense (build_ffn) or mixture of experts (build_moe_ffn)
     bq: np.ndarray | None = None
@@ -121,7 +122,10 @@ class LayerWeights:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    sinks: np.ndarray | None = None  # [n_head]: attn_sinks, each head's learned softmax sink logit
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # a recurrent layer kind in attention's place (build_rs)
+    mixer: ShortConv | Mamba2 | DeltaNet | None = None
 
 
 class DecoderModel:
@@ -132,6 +136,10 @@ class DecoderModel:
     collector: ActivationCollector | None = None
     rope_mode: ClassVar[int] = ops.ROPE_NORM
     activation: ClassVar[str] = "silu"  # "silu" (SwiGLU) or "gelu" (GeGLU)
+    # Whether sliding-window layers rotate with the file's RoPE scaling too (llama.cpp's
+    # rope_freq_scale_train_swa set to rope_freq_scale_train), instead of freq_scale 1.
+    swa_rope_scaled: ClassVar[bool] = False
+    output_norm_name: ClassVar[str] = "output_norm.weight"
 
     def __init__(self, gguf: GGUFFile, kernels: KernelSet | str | None = None) -> None:
         self.kernels = resolve_kernel_set(kernels)
@@ -153,7 +161,7 @@ class DecoderModel:
             tied = output.result()  # token_embd when there is no output matrix
         assert tied is not None
         self.output: ExactMatrix = tied
-        self.output_norm = self.vec("output_norm.weight")
+        self.output_norm = self.vec(self.output_norm_name)
         self._rope: dict[tuple[float, bool], np.ndarray] = {}  # by (base, sliding-window layer)
         self._scales = np.float32(self.q_scale()), np.float32(self.kq_scale())
         self._ws: Workspace | None = None
@@ -268,6 +276,7 @@ class DecoderModel:
             k_norm=self.vec_or_none(p + "attn_k_norm.weight"),
             post_attn_norm=self.vec_or_none(p + "post_attention_norm.weight"),
             post_ffn_norm=self.vec_or_none(p + "post_ffw_norm.weight"),
+            sinks=self.vec_or_none(p + "attn_sinks.weight"),
         )
 
     def load_ffn(self, il: int) -> FFN:
@@ -365,7 +374,7 @@ class DecoderModel:
         table = self._rope.get((base, swa))
         if table is None or len(table) < n_pos:
             scaling = self.rope_scaling
-            if swa:  # llama.cpp: sliding-window layers keep their own freq_scale (1 unless set)
+            if swa and not self.swa_rope_scaled:  # llama.cpp: their own freq_scale (1 unless set)
                 scaling = dataclasses.replace(scaling, freq_scale=1.0)
             args = scaling.table_args(c.rope_dims, base)
             ff = freq_factors(self._rope_factors, self.n_ctx_seq, scaling.n_ctx_orig)
@@ -408,6 +417,8 @@ class DecoderModel:
                 split_gate_up=any(f.w_gate is not None for f in dense),
             )
             ws.moe = moes[0].buffers(ws.n_batch, c.n_embd) if moes else None
+            if any(lw.mixer is not None for lw in self.layers):
+                ws.mixer = ShortConvBuffers(ws.n_batch, c.n_embd)
         return ws
 
     def embed(self, tokens: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -462,7 +473,10 @@ class DecoderModel:
         next layer's normed input (the last layer: the residual stream alone) in the workspace."""
         n, c, lw = batch.n, self.config, self.layers[il]
         eps, d = c.rms_eps, c.n_embd
-        self.attention(il, ws, batch, kv, placed)
+        if lw.mixer is not None:
+            lw.mixer.forward(self, il, ws, batch, kv, placed)
+        else:
+            self.attention(il, ws, batch, kv, placed)
         assert lw.ffn_norm is not None
         post = _vec(lw.post_attn_norm)
         ops.residual_norm(ws.x, ws.o, _vec(lw.bo), post, lw.ffn_norm, ws.h.x, eps, n, d)
@@ -491,7 +505,7 @@ class DecoderModel:
         if self.loras:
             self._lora_qkv(il, h.x[:n], rows.qkv)
         pi = kv.pool_index(il)
-        pool, ranges = kv.pools[pi], placed.ranges[pi]
+        pool, ranges = kv.cell_pool(il), placed.ranges[pi]
         kc, vc = pool.kernel_kv[il]
         attend: Any = ops.attend
         typed: tuple[Any, ...] = ()
@@ -523,10 +537,12 @@ class DecoderModel:
             self.rope_mode,
             *self._scales,
             self._tile_cols,
+            _vec(lw.sinks),
             *typed,
         )
         if self.collector is not None:
             self.collector.observe(il, "attn_output", ws.attn.x[:n])
+        assert lw.wo is not None
         lw.wo.matmul(_fresh(ws.attn, n), out=rows.o)
         if self.loras:
             self.add_lora(il, "attn_output", ws.attn.x[:n], rows.o)

@@ -15,7 +15,8 @@ import numpy as np
 from llama_quant.kernels import Activations
 
 if TYPE_CHECKING:
-    from ..layers import MoEBuffers
+    from ..layers import Mamba2Buffers, MoEBuffers, ShortConvBuffers
+    from ..layers.delta_net import DeltaNetBuffers
 
 __all__ = ["EMPTY", "Rows", "Workspace"]
 
@@ -52,6 +53,7 @@ class Workspace:
         "glu",
         "gu",
         "h",
+        "mixer",
         "moe",
         "n_batch",
         "n_vocab",
@@ -89,6 +91,8 @@ class Workspace:
         self.gate_up_parts = tuple(np.zeros((n_batch, n_ff), f32) if split_gate_up else None for _ in "gu")
         self.glu = Activations(n_ff, n_batch)  # the GLU output: the down projection's input
         self.moe: MoEBuffers | None = None  # the mixture-of-experts layers' scratch, where the model has them
+        # the recurrent layers' scratch, where the model has them
+        self.mixer: ShortConvBuffers | Mamba2Buffers | DeltaNetBuffers | None = None
         self._logits = np.zeros((0, n_vocab), f32)
         self._logit_rows: dict[int, np.ndarray] = {}
         self._rows: dict[int, Rows] = {}

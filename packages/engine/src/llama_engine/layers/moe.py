@@ -9,13 +9,20 @@ into one where they run one kernel. A batch is grouped by expert (ggml_mul_mat_i
 chosen expert's weights are read once per step, for all the tokens that chose it, and every product
 row is the number a single token gets. Optional shared experts (``ffn_{gate,up,down}_shexp``) run on
 every token and are added after the routed ones, gated by ``ffn_gate_inp_shexp`` where the file has it.
+
+gpt-oss adds biases: the router's (``ffn_gate_inp.bias``, added to its logits) and each expert's
+(``ffn_{gate,up,down}_exps.bias``, [n_expert, rows]: ggml_add_id, the chosen expert's row added to its
+product), and its activation is ``swiglu_oai`` (ggml_swiglu_oai: the gate clamped above and the up value
+on both sides at ``limit``, x * sigmoid(alpha * x) * (up + 1)).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 
 from gguf_io import ModelHeader
@@ -28,7 +35,11 @@ if TYPE_CHECKING:
     from ..arch.base import DecoderModel
     from ..arch.workspace import Workspace
 
-__all__ = ["MoE", "MoEBuffers", "MoEConfig"]
+__all__ = ["OAI_ALPHA", "OAI_LIMIT", "MoE", "MoEBuffers", "MoEConfig", "swiglu_oai"]
+
+# build_moe_ffn's LLM_FFN_SWIGLU_OAI_MOE constants (fixed in llama.cpp, not read from the file)
+OAI_ALPHA = 1.702
+OAI_LIMIT = 7.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +51,7 @@ class MoEConfig:
     gating: Gating = Gating.SOFTMAX
     norm_weights: bool = False  # divide the chosen weights by their sum (expert_weights_norm)
     weights_scale: float = 0.0  # multiply them by this, unless 0 or 1 (expert_weights_scale)
+    activation: str = "silu"  # "silu" (SwiGLU) or "swiglu_oai" (gpt-oss: OAI_ALPHA, OAI_LIMIT)
 
     @classmethod
     def from_header(cls, h: ModelHeader, **fixed: object) -> MoEConfig:
@@ -120,6 +132,10 @@ class MoE:
     shared: ExactMatrix | None = None  # [2 * n_ff_shared, n_embd]: the shared expert's [gate | up]
     shared_down: ExactMatrix | None = None  # [n_embd, n_ff_shared]
     shared_gate: ExactMatrix | None = None  # [1, n_embd]: ffn_gate_inp_shexp
+    router_bias: np.ndarray | None = None  # [n_expert]: ffn_gate_inp.bias
+    gate_bias: np.ndarray | None = None  # [n_expert, n_ff]: ffn_gate_exps.bias
+    up_bias: np.ndarray | None = None  # [n_expert, n_ff]: ffn_up_exps.bias
+    down_bias: np.ndarray | None = None  # [n_expert, n_embd]: ffn_down_exps.bias
 
     @classmethod
     def load(cls, model: DecoderModel, il: int, cfg: MoEConfig) -> MoE:
@@ -143,6 +159,7 @@ class MoE:
             raise ValueError(
                 f"layer {il}'s shared expert lacks ffn_gate_shexp, ffn_up_shexp or ffn_down_shexp"
             )
+        n_ff, n_embd = down[0].cols, down[0].rows
         return cls(
             cfg,
             router,
@@ -153,6 +170,10 @@ class MoE:
             shared,
             shared_down,
             model.row(p + "ffn_gate_inp_shexp.weight"),
+            _bias(model, p + "ffn_gate_inp.bias", 1, cfg.n_expert),
+            _bias(model, p + "ffn_gate_exps.bias", cfg.n_expert, n_ff),
+            _bias(model, p + "ffn_up_exps.bias", cfg.n_expert, n_ff),
+            _bias(model, p + "ffn_down_exps.bias", cfg.n_expert, n_embd),
         )
 
     @property
@@ -179,6 +200,8 @@ class MoE:
         h.rows(n)
         k, d = cfg.n_expert_used, h.cols
         self.router.matmul(h, out=b.logits[:n])
+        if self.router_bias is not None:  # ffn_moe_logits_biased
+            np.add(b.logits[:n], self.router_bias, out=b.logits[:n])
         route(
             b.logits,
             b.probs,
@@ -208,15 +231,42 @@ class MoE:
         b.xin.rows(m)
         if self.gate_up is not None:
             self.gate_up[e].matmul(b.xin, out=b.gu[:m])
-            ops.swiglu(b.glu.x, b.gu, b.gu, m, n_ff, 0, n_ff)
+            self._activate(b.glu.x, b.gu[:m, :n_ff], b.gu[:m, n_ff:], b.gu, b.gu, e, m, 0, n_ff)
         else:
             assert self.gate is not None and self.up is not None
             self.gate[e].matmul(b.xin, out=b.gate[:m])
             self.up[e].matmul(b.xin, out=b.up[:m])
-            ops.swiglu(b.glu.x, b.gate, b.up, m, n_ff)
+            self._activate(b.glu.x, b.gate[:m], b.up[:m], b.gate, b.up, e, m, 0, 0)
         b.glu.rows(m)
         self.down[e].matmul(b.glu, out=b.down[:m])
+        if self.down_bias is not None:
+            np.add(b.down[:m], self.down_bias[e], out=b.down[:m])
         scatter_rows(b.experts, b.down, b.pairs, lo, hi)
+
+    def _activate(
+        self,
+        out: np.ndarray,
+        gate_rows: np.ndarray,
+        up_rows: np.ndarray,
+        gate: np.ndarray,
+        up: np.ndarray,
+        e: int,
+        m: int,
+        gate_col: int,
+        up_col: int,
+    ) -> None:
+        """Expert ``e``'s biases added to its gate and up products (``gate_rows``, ``up_rows``: views of the
+        first m rows of ``gate`` / ``up`` at their columns), then the GLU of the m rows into ``out``."""
+        n_ff = self.n_ff
+        if self.up_bias is not None:  # ffn_moe_up_biased, then ffn_moe_gate_biased (ggml_add_id)
+            np.add(up_rows, self.up_bias[e], out=up_rows)
+        if self.gate_bias is not None:
+            np.add(gate_rows, self.gate_bias[e], out=gate_rows)
+        if self.config.activation == "swiglu_oai":
+            alpha, limit = np.float32(OAI_ALPHA), np.float32(OAI_LIMIT)
+            swiglu_oai(out, gate, up, m, n_ff, gate_col, up_col, alpha, limit)
+        else:
+            ops.swiglu(out, gate, up, m, n_ff, gate_col, up_col)
 
     def _shared(self, b: MoEBuffers, ws: Workspace, n: int) -> None:
         """ws.o += the shared expert's FFN, times silu(g) / g of its gate's logit g where it has one
@@ -235,3 +285,30 @@ class MoE:
             np.divide(gate, g, out=gate)
             np.multiply(out, gate, out=out)
         np.add(ws.o[:n], out, out=ws.o[:n])
+
+
+def _bias(model: DecoderModel, name: str, n_rows: int, n: int) -> np.ndarray | None:
+    """The bias ``name`` as float32 [n_rows, n] (a vector when n_rows is 1), or None when absent."""
+    v = model.vec_or_none(name)
+    if v is None:
+        return None
+    if v.size != n_rows * n:
+        raise ValueError(f"tensor {name} has {v.size} values, expected {n_rows} x {n}")
+    return v if n_rows == 1 else v.reshape(n_rows, n)
+
+
+@numba.njit(cache=True, nogil=True)
+def swiglu_oai(out, gate, up, n, d, gate_col, up_col, alpha, limit):  # type: ignore[no-untyped-def]
+    """out[t, :d] = ggml_swiglu_oai of the gate values gate[t, gate_col:][:d] and the up values
+    up[t, up_col:][:d], t < n: x = min(g, limit), y = clamp(u, -limit, limit) (std::min, std::clamp),
+    x / (1 + expf(alpha * -x)) * (y + 1), every step in float, libm's expf (the op has no vector form)."""
+    one = np.float32(1.0)
+    lo = -limit
+    for t in range(n):
+        for i in range(d):
+            x = gate[t, gate_col + i]
+            x = limit if limit < x else x
+            y = up[t, up_col + i]
+            y = lo if y < lo else (limit if limit < y else y)
+            glu = x / (one + np.float32(math.exp(alpha * -x)))
+            out[t, i] = glu * (y + one)
