@@ -3,9 +3,12 @@ the queue bound, cancellable embeddings, per-token timings and slot snapshots. T
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import struct
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +163,42 @@ def test_corrupt_and_missing_files(llama: Engine, tmp_path: Path) -> None:
         llama.restore_slot(1, tmp_path / "missing.bin")
     with pytest.raises(ValueError, match="no slot 5"):
         llama.erase_slot(5)
+
+
+def _with_header(data: bytes, edit) -> bytes:
+    """`data`, a valid state file, with its JSON header replaced by ``edit(header_text)`` and a valid CRC."""
+    magic, version, hlen = struct.unpack_from("<8sII", data)
+    body = data[16:-4]
+    header = edit(body[:hlen].decode())
+    new_body = header.encode() + body[hlen:]
+    return (
+        struct.pack("<8sII", magic, version, len(header.encode()))
+        + new_body
+        + struct.pack("<I", zlib.crc32(new_body))
+    )
+
+
+def test_hostile_headers_with_a_valid_checksum(llama: Engine, tmp_path: Path) -> None:
+    """A header that parses but lies (an infinite count, a fingerprint of the wrong type, nesting deeper than
+    the parser's stack) is a StateFileError naming a bad header, and the slot keeps what it had."""
+    _run(llama, GenerationRequest(prompt=PROMPT, max_tokens=2, sampling=GREEDY, slot=1))
+    good = tmp_path / "good.bin"
+    llama.save_slot(1, good)
+    held = list(llama.scheduler.slots[1].tokens)
+    data = good.read_bytes()
+    edits = {
+        "inf-tokens.bin": lambda h: re.sub(r'"n_tokens": *\d+', '"n_tokens": 1e400', h),
+        "inf-layer.bin": lambda h: re.sub(r'"layers": *\[\d+', '"layers": [1e400', h),
+        "list-fingerprint.bin": lambda h: json.dumps({**json.loads(h), "fingerprint": [1, 2]}),
+        "deep.bin": lambda h: h[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    }
+    for name, edit in edits.items():
+        content = _with_header(data, edit)
+        assert content != data
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(StateFileError, match="bad header"):
+            llama.restore_slot(1, tmp_path / name)
+        assert llama.scheduler.slots[1].tokens == held
 
 
 def test_restore_larger_than_the_slot_context(models: dict[str, Path], tmp_path: Path) -> None:

@@ -263,9 +263,13 @@ def read_state(
         kv_dim = int(header["kv_dim"])
         pools_meta = [(list(map(int, p["layers"])), p["window"], int(p["n_cells"])) for p in header["pools"]]
         dtype = header["dtype"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise StateFileError(f"corrupt file: bad header ({e})") from None
-    if isinstance(their, dict) and their.get("kv_type") != fingerprint["kv_type"]:
+        if not isinstance(their, dict):
+            raise TypeError("the fingerprint is not an object")
+    # OverflowError: a number such as 1e400 (infinite) where an integer belongs; RecursionError: a header
+    # nested deeper than the parser's stack
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+        raise StateFileError(f"corrupt file: bad header ({type(e).__name__}: {e})"[:300]) from None
+    if their.get("kv_type") != fingerprint["kv_type"]:
         theirs, ours = "/".join(map(str, their.get("kv_type") or ())), "/".join(fingerprint["kv_type"])
         raise StateFileError(f"the file holds a {theirs} (K/V) KV cache, this server's cache is {ours}")
     if their != fingerprint:
