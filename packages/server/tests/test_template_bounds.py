@@ -78,6 +78,15 @@ HOSTILE = {
     "encode": "{{ 'x'.encode() }}",
     "lipsum": "{{ lipsum(10**6) }}",
     "urlize": "{{ 'www.example.com '|urlize }}",
+    # copies kept in a list: what a global, a method or a filter returns is counted with the items it holds
+    "keep-namespace-copies": "{% set d = dict(range(100000)|batch(2)|list) %}{% set l = [] %}"
+    "{% for i in range(3000) %}{% set _ = l.append(namespace(d)) %}{% endfor %}",
+    "keep-dict-copies": "{% set d = dict(range(100000)|batch(2)|list) %}{% set l = [] %}"
+    "{% for i in range(3000) %}{% set _ = l.append(dict(d)) %}{% endfor %}",
+    "keep-cycler-copies": "{% set p = (range(100000)|list) * 2 %}{% set l = [] %}"
+    "{% for i in range(3000) %}{% set _ = l.append(cycler(*p)) %}{% endfor %}",
+    "keep-item-pairs": "{% set d = dict(range(100000)|batch(2)|list) %}{% set l = [] %}"
+    "{% for i in range(3000) %}{% set _ = l.append(d|items|list) %}{% endfor %}",
 }
 
 

@@ -157,6 +157,19 @@ class _Env(ImmutableSandboxedEnvironment):
         check_binop(operator, left, right)
         return built(super().call_binop(context, operator, left, right))
 
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        # what a global such as `dict`, `namespace` or `cycler` (or a method) returns is counted as built,
+        # so that a loop keeping copies (`l.append(namespace(d))`) stops at MAX_LIVE_BYTES
+        result = super().call(__context, __obj, *args, **kwargs)
+        frozen = getattr(__self.inputs, "ids", None) or ()
+        if isinstance(result, list | tuple | dict) and id(result) not in frozen:
+            built(result)
+        elif isinstance(result, jinja2.utils.Namespace):
+            built(result._Namespace__attrs)  # type: ignore[attr-defined]
+        elif isinstance(result, jinja2.utils.Cycler):
+            built(result.items)
+        return result
+
     @staticmethod
     def slice_of(obj: Any, part: slice) -> Any:
         return built(obj[part])

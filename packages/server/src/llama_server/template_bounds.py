@@ -139,11 +139,21 @@ def built(value: Any, pieces: bool = False) -> Any:
         _hold(value, sys.getsizeof(value))
     elif isinstance(value, list | tuple | dict):
         check_items(len(value))
-        _hold(value, sys.getsizeof(value))
         if pieces:
             for piece in value:
                 _hold(piece, sys.getsizeof(piece))
+        _hold(value, _container_bytes(value))
     return value
+
+
+def _container_bytes(value: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> int:
+    """What a container just built costs: itself and the items (keys and values) it holds that nothing in
+    the table accounts for yet (the pairs of `|items`, the groups of `|batch`, a copied dict's keys)."""
+    if not getattr(_meter, "on", False) or id(value) in _meter.held:
+        return 0
+    held = _meter.held
+    items: Iterable[Any] = itertools.chain(value.keys(), value.values()) if isinstance(value, dict) else value
+    return sys.getsizeof(value) + sum(sys.getsizeof(v) for v in items if id(v) not in held)
 
 
 def text_size(value: Any, indent: int = 0, limit: int = MAX_CHARS) -> int:

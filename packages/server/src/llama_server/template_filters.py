@@ -94,6 +94,19 @@ def _items_in(fn: Callable[..., Any], arg: int = 0) -> Callable[..., Any]:
     return bounded
 
 
+def _groups(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`groupby`, each group's list counted too."""
+
+    @functools.wraps(fn)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        groups = fn(*args, **kwargs)
+        for group in groups:
+            built(group.list)
+        return groups
+
+    return bounded
+
+
 @pass_eval_context
 def _join(eval_ctx: Any, value: Any, d: Any = "", attribute: Any = None) -> str:
     if attribute is not None:
@@ -232,6 +245,7 @@ def bounded_filters() -> dict[str, Callable[..., Any]]:
     text.update({name: _text_in(jf.FILTERS[name]) for name in ("e", "escape", "forceescape", "safe")})
     items = {name: _items_in(jf.FILTERS[name], 1) for name in ("sort", "unique", "groupby")}
     items["dictsort"] = _items_in(jf.FILTERS["dictsort"])
+    items["groupby"] = _groups(items["groupby"])
     return {
         **text,
         **items,
