@@ -85,6 +85,10 @@ def write_tiny_model(
         from tiny_qwen35 import write_tiny_qwen35
 
         return write_tiny_qwen35(path, arch, seed)
+    if arch == "gemma4":  # per-layer inputs and shared keys and values: its own layout
+        from tiny_gemma4 import write_tiny_gemma4
+
+        return write_tiny_gemma4(path, seed)
     oss = arch == "gpt-oss"
     moe = arch in ("qwen3moe", "gpt-oss") if moe is None else moe
     if oss and expert_qtype is None:
@@ -290,4 +294,5 @@ ARCHES = [
     "granitehybrid",
     "qwen35",
     "qwen35moe",
+    "gemma4",
 ]

@@ -7,6 +7,7 @@ from llama_quant.cpu import KernelSet
 
 from . import (  # noqa: F401  (each registers itself)
     gemma3,
+    gemma4,
     gpt_oss,
     granitehybrid,
     lfm2,
