@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_models import ARCHES, N_VOCAB, write_tiny_model
+from tiny_models import ARCHES, N_EMBD, N_VOCAB, write_tiny_model
 
 from gguf_io import GGMLQuantizationType
 from gguf_io import open as open_gguf
@@ -82,12 +82,12 @@ def test_unknown_architecture_names_the_supported_ones(tmp_path: Path) -> None:
         load_model(open_gguf(p))
 
 
-def test_mistral3_refuses_attention_temperature_scaling(tmp_path: Path) -> None:
-    def temperature(w, rng) -> None:  # type: ignore[no-untyped-def]
-        w.add_metadata("mistral3.attention.temperature_scale", 0.1)
+def test_mistral3_refuses_ffn_biases(tmp_path: Path) -> None:
+    def bias(w, rng) -> None:  # type: ignore[no-untyped-def]
+        w.add_tensor("blk.0.ffn_down.bias", [N_EMBD], GGMLQuantizationType.F32, np.zeros(N_EMBD, np.float32))
 
-    path = write_tiny_model(tmp_path / "m.gguf", "mistral3", extra=temperature)
-    with pytest.raises(ValueError, match="temperature scaling is not supported"):
+    path = write_tiny_model(tmp_path / "m.gguf", "mistral3", extra=bias)
+    with pytest.raises(ValueError, match=r"layer 0 has FFN biases \(ffn_down\)"):
         load_model(open_gguf(path))
 
 

@@ -6,6 +6,7 @@ values, layer 5 layer 3's. Sliding-window layers: heads of 16, a window of 4, al
 base 10,000; global layers: heads of 32, base 1,000,000, proportional RoPE (``rope_freqs``: the first 4 of 16
 frequency pairs rotate, the others are divided by 1e30). Layer 3 has no ``attn_v`` (its values are its
 keys). Per-layer inputs of 16 per layer, a scalar on every layer's output, final logits soft-capped at 30.
+With ``wide_shared``, ``feed_forward_length`` is per layer: the two sharing layers' FFNs twice as wide.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ GEMMA4_NO_V = 3  # the layer whose values are its keys
 GEMMA4_ROTATED_PAIRS = 4  # of the global layers' 16 pairs
 
 
-def write_tiny_gemma4(path: Path, seed: int = 0) -> Path:
+def write_tiny_gemma4(path: Path, seed: int = 0, wide_shared: bool = False) -> Path:
+    n_kv = GEMMA4_LAYERS - GEMMA4_SHARED_KV
+    n_ff = [N_FF * (2 if wide_shared and il >= n_kv else 1) for il in range(GEMMA4_LAYERS)]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path)
     a = "gemma4."
@@ -40,7 +43,6 @@ def write_tiny_gemma4(path: Path, seed: int = 0) -> Path:
         "block_count": GEMMA4_LAYERS,
         "context_length": 256,
         "embedding_length": N_EMBD,
-        "feed_forward_length": N_FF,
         "attention.head_count": N_HEAD,
         "attention.head_count_kv": N_HEAD_KV,
         "attention.key_length": GEMMA4_HEAD_DIM,
@@ -55,6 +57,10 @@ def write_tiny_gemma4(path: Path, seed: int = 0) -> Path:
         "vocab_size": N_VOCAB,
     }.items():
         w.add_metadata(a + key, value, u32)
+    if not wide_shared:
+        w.add_metadata(a + "feed_forward_length", N_FF, u32)
+    if wide_shared:
+        w.add_metadata(a + "feed_forward_length", np.array(n_ff, np.int32))
     w.add_metadata(a + "attention.sliding_window_pattern", list(GEMMA4_SWA_PATTERN))
     w.add_metadata(a + "attention.layer_norm_rms_epsilon", 1e-6, f32v)
     w.add_metadata(a + "rope.freq_base", 1000000.0, f32v)
@@ -103,9 +109,9 @@ def write_tiny_gemma4(path: Path, seed: int = 0) -> Path:
         mat(p + "attn_output.weight", N_EMBD, N_HEAD * hd)
         vec(p + "post_attention_norm.weight", N_EMBD)
         vec(p + "ffn_norm.weight", N_EMBD)
-        mat(p + "ffn_gate.weight", N_FF, N_EMBD)
-        mat(p + "ffn_up.weight", N_FF, N_EMBD)
-        mat(p + "ffn_down.weight", N_EMBD, N_FF)
+        mat(p + "ffn_gate.weight", n_ff[il], N_EMBD)
+        mat(p + "ffn_up.weight", n_ff[il], N_EMBD)
+        mat(p + "ffn_down.weight", N_EMBD, n_ff[il])
         vec(p + "post_ffw_norm.weight", N_EMBD)
         mat(p + "inp_gate.weight", GEMMA4_PER_LAYER, N_EMBD)
         mat(p + "proj.weight", N_EMBD, GEMMA4_PER_LAYER)

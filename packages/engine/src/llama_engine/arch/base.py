@@ -34,6 +34,7 @@ from ..kv_cache import KVCache, Placement
 from ..layers import FFN, DenseFFN, Mamba2, MoE, ShortConv, ShortConvBuffers
 from ..layers.delta_net import DeltaNet
 from ..lora import LoraAdapter
+from ..ops.attention import prepare_qkv
 from .rope_scaling import FREQ_FACTOR_TENSORS, freq_factors, rope_scaling
 from .workspace import EMPTY, Workspace
 
@@ -411,7 +412,7 @@ class DecoderModel:
                 c.n_embd,
                 c.n_head * c.head_dim,
                 c.n_head_kv * c.head_dim,
-                dense[0].n_ff if dense else 0,
+                max((f.n_ff for f in dense), default=0),  # layers of several widths: sized for the widest
                 c.n_vocab,
                 split_qkv=any(layer.wqkv is None for layer in self.layers),
                 split_gate_up=any(f.w_gate is not None for f in dense),
@@ -511,18 +512,24 @@ class DecoderModel:
         typed: tuple[Any, ...] = ()
         if pool.typed_attention:  # flash attention, or a bf16 / block-type cache (ops.flash_attn)
             attend, typed = ops.attend_typed, (*pool.attention_kinds, pool.store(il))
+        table, rot = self.rope_cache(il, placed.n_pos), self.rope_dims(il)
+        prep = _vec(lw.bq), _vec(lw.bk), _vec(lw.bv), _vec(lw.q_norm), _vec(lw.k_norm)
+        temp = self.q_temperature(batch.pos, n)
+        if temp is not None:  # q times a per-token factor after RoPE: the steps before it run here, not again
+            eps = np.float32(c.rms_eps)
+            geo = c.n_head, c.n_head_kv, c.head_dim, rot, self.rope_mode
+            prepare_qkv(ws.qkv, *prep, eps, batch.pos, table, n, *geo)
+            q = rows.qkv[:, : c.n_head * c.head_dim]
+            np.multiply(q, temp[:, None], out=q)
+            prep, rot = (EMPTY, EMPTY, EMPTY, EMPTY, EMPTY), 0
         attend(
             ws.attn.x,
             ws.qkv,
             ws.q,
-            _vec(lw.bq),
-            _vec(lw.bk),
-            _vec(lw.bv),
-            _vec(lw.q_norm),
-            _vec(lw.k_norm),
+            *prep,
             np.float32(c.rms_eps),
             batch.pos,
-            self.rope_cache(il, placed.n_pos),
+            table,
             kc,
             vc,
             placed.cells[pi],
@@ -533,7 +540,7 @@ class DecoderModel:
             c.n_head,
             c.n_head_kv,
             c.head_dim,
-            self.rope_dims(il),
+            rot,
             self.rope_mode,
             *self._scales,
             self._tile_cols,
@@ -550,6 +557,11 @@ class DecoderModel:
     def rope_dims(self, il: int) -> int:
         """The dimensions of each head that layer ``il`` rotates (0: a NoPE layer, no position encoding)."""
         return self.config.rope_dims
+
+    def q_temperature(self, pos: np.ndarray, n: int) -> np.ndarray | None:
+        """Per-token factors [n] (float32) on q after RoPE, from the tokens' positions ``pos`` (llama.cpp's
+        attention temperature scaling); None: none."""
+        return None
 
     def q_scale(self) -> float:
         """A factor on q after RoPE (1: none)."""

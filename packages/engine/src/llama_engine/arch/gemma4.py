@@ -7,7 +7,8 @@ own head size (``attention.key_length_swa``), RoPE dimensions and base; global l
 per-head Q/K norms set the scale); the last ``attention.shared_kv_layers`` layers keep no keys and values
 and attend over those of the last stored layer of their kind; per-layer input embeddings
 (``per_layer_token_embd`` plus a projection of the embeddings, gated into each layer's output); an
-optional scalar on each layer's output (``layer_output_scale``).
+optional scalar on each layer's output (``layer_output_scale``); each layer's own feed-forward length
+(``feed_forward_length`` may be per layer: E2B/E4B's wider MLP on the layers sharing keys and values).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from llama_quant.kernels import Activations, ExactMatrix
 from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
-from ..layers import DenseFFN
 from ..ops.norm import rms_norm_row
 from .base import DecoderModel, LayerWeights, ModelConfig, _fresh, _vec, register
 from .rope_scaling import freq_factors
@@ -125,8 +125,6 @@ class Gemma4(DecoderModel):
             head_dim_v=widest.head_dim,
         )
         self.n_layer_kv = n_kv
-        if len({lw.ffn.n_ff for lw in self.layers if isinstance(lw.ffn, DenseFFN)}) > 1:
-            raise ValueError("gemma4 layers with different feed-forward lengths are not supported")
         self.out_scale = [self._scalar(f"blk.{il}.layer_output_scale.weight") for il in range(c.n_layer)]
         self.n_embd_per_layer = int(meta.get(a + "embedding_length_per_layer_input", 0))
         self._load_per_layer_inputs()

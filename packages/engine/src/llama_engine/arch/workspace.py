@@ -47,6 +47,7 @@ class Workspace:
     __slots__ = (
         "_logit_rows",
         "_logits",
+        "_narrow",
         "_rows",
         "attn",
         "gate_up_parts",
@@ -56,6 +57,7 @@ class Workspace:
         "mixer",
         "moe",
         "n_batch",
+        "n_ff",
         "n_vocab",
         "o",
         "q",
@@ -76,7 +78,7 @@ class Workspace:
         split_gate_up: bool,
     ) -> None:
         f32 = np.float32
-        self.n_batch, self.n_vocab = n_batch, n_vocab
+        self.n_batch, self.n_vocab, self.n_ff = n_batch, n_vocab, n_ff  # n_ff: the widest dense FFN's
         self.x = np.zeros((n_batch, n_embd), f32)  # the residual stream
         self.h = Activations(n_embd, n_batch)  # a block's normed input; at the end, the final-normed rows
         self.qkv = np.zeros(
@@ -96,6 +98,29 @@ class Workspace:
         self._logits = np.zeros((0, n_vocab), f32)
         self._logit_rows: dict[int, np.ndarray] = {}
         self._rows: dict[int, Rows] = {}
+        self._narrow: dict[int, Workspace] = {}
+
+    def for_ffn(self, n_ff: int) -> Workspace:
+        """This workspace for a dense FFN ``n_ff`` wide (at most ``self.n_ff``; a model whose layers have
+        different widths): itself at the widest width, else a copy sharing every buffer but the FFN's, whose
+        [gate | up] rows (contiguous, ``n_ff``-wide) lie in the widest ones' memory and whose GLU output is
+        its own. Made once per width."""
+        if n_ff == self.n_ff:
+            return self
+        ws = self._narrow.get(n_ff)
+        if ws is None:
+            if not 0 < n_ff < self.n_ff:
+                raise ValueError(f"an FFN {n_ff} wide for a workspace of {self.n_ff}")
+            ws = Workspace.__new__(Workspace)
+            for name in Workspace.__slots__:
+                setattr(ws, name, getattr(self, name))
+            m = self.n_batch
+            ws.n_ff, ws._rows, ws._narrow = n_ff, {}, {}
+            ws.gu = _narrowed(self.gu, m, 2 * n_ff if self.gu.shape[1] else 0)
+            ws.gate_up_parts = tuple(None if a is None else _narrowed(a, m, n_ff) for a in self.gate_up_parts)
+            ws.glu = Activations(n_ff, m)
+            self._narrow[n_ff] = ws
+        return ws
 
     def rows(self, n: int) -> Rows:
         """The product outputs' first ``n`` rows (made once per token count)."""
@@ -119,3 +144,8 @@ class Workspace:
             self._logit_rows.clear()
         view = self._logit_rows[m] = self._logits[:m]
         return view
+
+
+def _narrowed(a: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """A contiguous [rows, cols] view of the start of the contiguous buffer ``a`` (cols <= its width)."""
+    return a.reshape(-1)[: rows * cols].reshape(rows, cols)

@@ -52,6 +52,7 @@ class DenseFFN:
 
     def forward(self, model: DecoderModel, il: int, ws: Workspace, n: int) -> None:
         """The FFN from ``ws.h`` (the normed input, ``n`` rows) to ``ws.o``."""
+        ws = ws.for_ffn(self.n_ff)  # a layer narrower than the model's widest: buffers of its width
         rows = ws.rows(n)
         h = _fresh(ws.h, n)
         n_ff = self.n_ff
