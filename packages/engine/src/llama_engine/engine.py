@@ -190,16 +190,13 @@ class Engine:
         self.loras: list[LoraAdapter] = [load_lora(p, self.model) for p in config.lora]
         self.speculator: Speculator | None = None
         spec = config.speculative
-        if spec is not None and spec.enabled and self.kv.recurrent is not None:
-            raise ValueError(
-                f"speculative decoding is not supported for {c.arch}: its recurrent state cannot drop "
-                "rejected drafts"
-            )
         if spec is not None and spec.enabled:  # a draft model that does not fit the target fails here
             self.speculator = Speculator(
                 spec, self.tokenizer, config.n_parallel, self.n_ctx, config.n_batch, self.kernels
             )
             self.scheduler.speculator = self.speculator
+            if self.kv.recurrent is not None:  # rejected drafts roll the state back and re-run the rest
+                self.scheduler.replay = functools.partial(self.model.forward, kv=self.kv)
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._running = False

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .batch import Batch
 from .cache_reuse import can_reuse_chunks, reuse_chunks
 from .checkpoints import DEFAULT_CHECKPOINTS, CheckpointConfig, Checkpoints
 from .embedding import EmbeddingJob
@@ -88,6 +89,10 @@ class Scheduler:
         self.prompt_cache: PromptCache | None = None  # slot caches saved to host RAM (--cache-ram)
         self.rank_head: Callable[[np.ndarray], np.ndarray] | None = None  # rank pooling's classifier
         self.step_lora: tuple[float, ...] = ()  # the adapter scales of the step `schedule` planned
+        # runs a batch through the model for its cache alone (a recurrent state rolled back re-absorbs
+        # the tokens kept); the engine sets it
+        self.replay: Callable[[Batch], object] | None = None
+        self._replays: list[tuple[int, int]] = []  # (slot, first position) of this step's rollbacks
 
     # -- admission ---------------------------------------------------------------------------------------
 
@@ -341,7 +346,10 @@ class Scheduler:
         if len(s.tokens) + 1 >= self.n_ctx_slot and not self._make_room(s):
             return
         room = min(self._builder.room, self.n_ctx_slot - len(s.tokens)) - 1  # for drafts
-        self._builder.add_decode(s.id, s.next_token, drafts_that_fit(s.drafts, room), len(s.tokens))
+        drafts = drafts_that_fit(s.drafts, room)
+        if drafts and self.kv.recurrent is not None:  # the state before the pass, should drafts be rejected
+            self.kv.recurrent.snapshot(s.id)
+        self._builder.add_decode(s.id, s.next_token, drafts, len(s.tokens))
 
     def _schedule_prompt(self, s: Slot) -> None:
         start = len(s.tokens)
@@ -380,6 +388,8 @@ class Scheduler:
                 self._decoded(s, logits, o, step.drafts[q])
             else:
                 self._prefilled(s, n, logits[o] if step.n_out[q] else None)
+        if self._replays:
+            self._replay()
 
     def _prefilled(self, s: Slot, n: int, row: np.ndarray | None) -> None:
         assert s.request is not None
@@ -414,9 +424,45 @@ class Scheduler:
             s.n_draft_accepted += 1
         if drafts:
             s.drafts = []
-            self.kv.seq_rm(s.id, len(s.tokens))  # the cells of rejected drafts
+            if n_acc < k and self.kv.recurrent is not None:  # its state absorbed the rejected drafts too
+                self._replays.append((s.id, len(s.tokens) - n_acc - 1))
+            else:
+                self.kv.seq_rm(s.id, len(s.tokens))  # the cells of rejected drafts
             if self.speculator is not None:
                 self.speculator.accepted(s.id, k, n_acc)
+
+    def _replay(self) -> None:
+        """Roll back the recurrent state of each slot that rejected drafts: every cell of its verification
+        pass is dropped, the state saved before the pass restored, and the tokens kept (the decode token
+        and the accepted drafts) run again, all slots in one pass. The tokens were already chosen from the
+        verification's logits; this pass only rebuilds the cache."""
+        rec = self.kv.recurrent
+        assert rec is not None and self.replay is not None
+        parts = []
+        for q, p0 in self._replays:
+            self.kv.seq_rm(q, p0)
+            rec.restore(q)
+            kept = self.slots[q].tokens[p0:]
+            parts.append(
+                Batch(
+                    np.asarray(kept, np.int32),
+                    np.arange(p0, p0 + len(kept), dtype=np.int32),
+                    np.full(len(kept), q, np.int32),
+                    np.zeros(len(kept), bool),
+                )
+            )
+        try:
+            self.replay(Batch.concat(parts) if len(parts) > 1 else parts[0])
+        except Exception as e:
+            for q, _ in self._replays:  # the cache no longer holds what the slot's tokens say
+                s = self.slots[q]
+                self.kv.seq_rm(q)
+                self.checkpoints.clear(q)
+                s.tokens = []
+                if s.state != SlotState.IDLE:
+                    self.fail(s, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            self._replays.clear()
 
     def undo(self, step: Step) -> None:
         """The forward pass failed: forget the cells the step placed."""

@@ -5,7 +5,9 @@ sequence, a state of fixed size that summarises every token the sequence has abs
 ``d_conv`` inputs of a convolution; Mamba-2's SSM state besides). There is no per-position cell, so the
 state can be copied to another sequence whole, moved in position, saved and restored, but never cut back
 to a prefix: removing any position the state absorbed forgets the state, and a shorter prefix is served
-from a checkpoint (``checkpoints.Checkpoints``) or recomputed.
+from a checkpoint (``checkpoints.Checkpoints``) or recomputed. Speculative decoding saves a sequence's
+state before a pass that absorbs drafts (``snapshot``) and brings it back when drafts are rejected
+(``restore``), then runs the accepted tokens again.
 
 ``RecurrentPool`` speaks the per-sequence vocabulary of ``kv_cache.CellPool`` (a pool of the model's
 ``KVCache``), so the scheduler, the checkpoints, the prompt cache and slot files handle both alike: its
@@ -42,6 +44,8 @@ class RecurrentPool:
         self.k = {il: np.zeros((n_seq, r_dim), np.float32) for il in layers}  # conv states
         self.v = {il: np.zeros((n_seq, s_dim), np.float32) for il in layers}  # SSM states
         self.pos = np.full(n_seq, _NO_POS, np.int32)  # the last position each sequence's state absorbed
+        # one saved state per sequence (speculative decoding's rollback), allocated on the first `snapshot`
+        self._saved: tuple[dict[int, np.ndarray], dict[int, np.ndarray], np.ndarray] | None = None
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -152,6 +156,34 @@ class RecurrentPool:
             self.k[il][seq] = r[i, 0]
             self.v[il][seq] = s[i, 0]
         self.pos[seq] = int(pos[0])
+
+    # -- rollback (speculative decoding: a pass that absorbs drafts the target may reject) ----------------
+
+    def snapshot(self, seq: int) -> None:
+        """Save ``seq``'s state into its row of the saved states (buffers of the pool's size, allocated
+        once): ``restore`` brings it back after a pass absorbed tokens that must be dropped."""
+        if self._saved is None:
+            self._saved = (
+                {il: np.zeros_like(self.k[il]) for il in self.layers},
+                {il: np.zeros_like(self.v[il]) for il in self.layers},
+                np.full(self.n_cells, _NO_POS, np.int32),
+            )
+        r, s, pos = self._saved
+        for il in self.layers:
+            r[il][seq] = self.k[il][seq]
+            s[il][seq] = self.v[il][seq]
+        pos[seq] = self.pos[seq]
+
+    def restore(self, seq: int) -> int:
+        """Give ``seq`` the state its last ``snapshot`` saved; returns the position that state absorbed."""
+        if self._saved is None:
+            raise ValueError(f"sequence {seq} has no saved recurrent state")
+        r, s, pos = self._saved
+        for il in self.layers:
+            self.k[il][seq] = r[il][seq]
+            self.v[il][seq] = s[il][seq]
+        self.pos[seq] = pos[seq]
+        return int(pos[seq])
 
     def clear(self) -> None:
         for seq in range(self.n_cells):

@@ -4,7 +4,9 @@ The draft model has its own KV cache (`-ctkd/-ctvd` types) with one sequence per
 each holds. A draft first brings the sequence up to date (what the target accepted since: usually one or
 two tokens, a whole prompt the first time), then runs one forward per drafted position for every sequence
 still drafting. Drafted tokens stay in the draft cache; the next draft keeps the part the target accepted
-(a common prefix) and drops the rest, so the cache rolls back exactly as the target's does.
+(a common prefix) and drops the rest, so the cache rolls back exactly as the target's does. A draft model
+with recurrent layers cannot drop drafted tokens from its state: the state is saved once a sequence is up
+to date, and the next draft restores it and runs the accepted tokens again.
 
 Greedy drafting takes the best of the top 10 candidates and stops below `p_min`; probabilistic drafting
 samples them at the target's temperature (its own seeded generator) and hands the candidate distribution
@@ -102,6 +104,7 @@ class DraftModel:
         self.cached: list[list[int]] = [[] for _ in range(n_seq)]  # what each draft sequence holds
         self._scopes = [""] * n_seq  # whose tokens each draft sequence holds
         self._rng: dict[int, np.random.Generator] = {}
+        self._saved = [-1] * n_seq  # tokens absorbed by each sequence's saved recurrent state (-1: none)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -127,7 +130,7 @@ class DraftModel:
     def shift(self, seq: int, n_keep: int, n_discard: int, n_past: int) -> None:
         """The target shifted this sequence's context: shift the draft cache the same way."""
         c = self.cached[seq]
-        if len(c) < n_past:
+        if len(c) < n_past or self.kv.recurrent is not None:  # a recurrent state cannot be shifted
             self.forget(seq)
             return
         del c[n_past:]
@@ -139,6 +142,24 @@ class DraftModel:
     def forget(self, seq: int) -> None:
         self.kv.seq_rm(seq)
         self.cached[seq] = []
+        self._saved[seq] = -1
+
+    def _rewind(self, seq: int, p: int) -> int:
+        """Keep the first `p` cached tokens of `seq`, or fewer: a recurrent state goes back only to its
+        saved state (or to nothing). Returns how many are kept."""
+        c, rec = self.cached[seq], self.kv.recurrent
+        if rec is not None:
+            saved = self._saved[seq]
+            if not 0 <= saved <= p:
+                self.forget(seq)
+                return 0
+            self.kv.seq_rm(seq, saved)  # the attention cells after it; the state is restored next
+            rec.restore(seq)
+            p = saved
+        else:
+            self.kv.seq_rm(seq, p)
+        del c[p:]
+        return p
 
     # -- drafting ----------------------------------------------------------------------------------------
 
@@ -164,12 +185,15 @@ class DraftModel:
             c = self.cached[job.seq]
             p = min(_common_prefix(c, ctx), len(ctx) - 1)  # the last token is run again for its logits
             if p < len(c):
-                self.kv.seq_rm(job.seq, p)
-                del c[p:]
+                p = self._rewind(job.seq, p)
             pending.append((job.seq, ctx[p:], p))
         rows: dict[int, np.ndarray] = {}
         while pending:
             pending = self._run_chunks(pending, rows)
+        if self.kv.recurrent is not None:  # up to date: the state the next draft goes back to
+            for job in jobs:
+                self.kv.recurrent.snapshot(job.seq)
+                self._saved[job.seq] = len(self.cached[job.seq])
         return [rows[job.seq] for job in jobs]
 
     def _run_chunks(
