@@ -11,18 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
+from arch_parity import SEQS, check_batched_sequences, check_three_slots_and_restore
 from test_engine_parity import Oracle, _check_greedy
-from test_moe_parity import GREEDY, N_STEPS, SEQS, _engine, _same_greedy, _tokens
 from tiny_gemma4 import GEMMA4_LAYERS, GEMMA4_SHARED_KV, GEMMA4_WINDOW, write_tiny_gemma4
 from tiny_models import N_FF
 
-from gguf_io import open as open_gguf
-from llama_engine import LLM, GenerationRequest
-from llama_engine.arch import load_model
+from llama_engine import LLM
 from llama_engine.arch.gemma4 import Gemma4
-from llama_engine.batch import Batch
 
 pytestmark = pytest.mark.parity
 
@@ -54,45 +50,10 @@ def test_layers_of_two_ffn_widths_equal_llama_cpp(tmp_path: Path) -> None:
 
 
 def test_batched_sequences_logits_equal_llama_cpp(path: Path) -> None:
-    """Three sequences' prompts in one batch, then their decode tokens in one batch per step: each row
-    equals llama.cpp's logits for that sequence alone, past the sliding window."""
+    """``check_batched_sequences``, past the sliding window."""
     assert max(len(s) for s in SEQS) > GEMMA4_WINDOW
-    oracle = Oracle(path, "f32")
-    expected = [oracle.greedy(s, N_STEPS) for s in SEQS]
-    model = load_model(open_gguf(path), kernels="portable")
-    kv = model.make_kv_cache(256, n_seq_max=len(SEQS), type_k="f32", type_v="f32")
-    logits, _ = model.forward(Batch.concat([Batch.single(s, i) for i, s in enumerate(SEQS)]), kv)
-    live = list(range(len(SEQS)))
-    for step in range(N_STEPS):
-        for row, i in enumerate(live):
-            np.testing.assert_array_equal(logits[row], expected[i][1][step])
-        live = [i for i in live if step + 1 < len(expected[i][1])]
-        if not live:
-            break
-        parts = [Batch.single([expected[i][0][step]], i, len(SEQS[i]) + step) for i in live]
-        logits, _ = model.forward(Batch.concat(parts), kv)
-    assert sum(len(ref) == N_STEPS for _, ref in expected) > 1
+    check_batched_sequences(path, n_ctx=256, kernels="portable")
 
 
 def test_scheduler_with_three_slots_and_slot_restore_equal_llama_cpp(path: Path, tmp_path: Path) -> None:
-    """Three requests decoded together give llama.cpp's greedy text for each; a slot saved, erased and
-    restored serves its prompt from the restored cells and continues the same."""
-    oracle = Oracle(path, "f32")
-    expected = [oracle.greedy(s, N_STEPS)[0] for s in SEQS]
-    engine = _engine(path)
-    try:
-        handles = [
-            engine.submit(GenerationRequest(prompt=s, max_tokens=N_STEPS, sampling=GREEDY, slot=i))
-            for i, s in enumerate(SEQS)
-        ]
-        for handle, want in zip(handles, expected, strict=True):
-            _same_greedy(_tokens(handle)[0], want)
-        saved = engine.save_slot(0, tmp_path / "slot0.bin")
-        assert engine.erase_slot(0) == saved.n_tokens
-        engine.restore_slot(0, tmp_path / "slot0.bin")
-        req = GenerationRequest(prompt=SEQS[0], max_tokens=N_STEPS, sampling=GREEDY, slot=0)
-        got, final = _tokens(engine.submit(req))
-        assert final.usage.cached_tokens == len(SEQS[0]) - 1
-        _same_greedy(got, expected[0])
-    finally:
-        engine.shutdown()
+    check_three_slots_and_restore(path, tmp_path)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from arch_parity import N_STEPS, SEQS, check_batched, check_three_slots_and_restore
 from test_engine_parity import Oracle, _check_greedy
 from test_kv_types_parity import PROMPT, TypedOracle, _check
-from test_moe_parity import GREEDY, N_STEPS, SEQS, _engine, _same_greedy, _tokens
 from tiny_models import GPT_OSS_WINDOW, write_tiny_model
 
 from gguf_io import GGMLQuantizationType as T
 from gguf_io import open as open_gguf
-from llama_engine import LLM, GenerationRequest
+from llama_engine import LLM
 from llama_engine.arch import load_model
 from llama_engine.arch.gpt_oss import GptOss
 from llama_engine.batch import Batch
@@ -95,43 +95,13 @@ def test_batched_sequences_logits_equal_llama_cpp(
         oracle.close()
     model = mxfp4_model
     kv = model.make_kv_cache(256, n_seq_max=len(SEQS), type_k=cache, type_v=cache, flash_attn=flash)
-    logits, _ = model.forward(Batch.concat([Batch.single(s, i) for i, s in enumerate(SEQS)]), kv)
-    live = list(range(len(SEQS)))  # the sequences still decoding (llama.cpp stops at end-of-generation)
-    for step in range(N_STEPS):
-        for row, i in enumerate(live):
-            np.testing.assert_array_equal(logits[row], expected[i][1][step])
-        live = [i for i in live if step + 1 < len(expected[i][1])]
-        if not live:
-            break
-        parts = [Batch.single([expected[i][0][step]], i, len(SEQS[i]) + step) for i in live]
-        logits, _ = model.forward(Batch.concat(parts), kv)
-    assert sum(len(ref) == N_STEPS for _, ref in expected) > 1  # several decoded together to the end
+    check_batched(model, kv, expected)
 
 
 def test_scheduler_with_three_slots_and_slot_restore_equal_llama_cpp(
     mxfp4_path: Path, tmp_path: Path
 ) -> None:
-    """Three requests decoded together by the scheduler give llama.cpp's greedy text for each; a slot
-    saved, erased and restored serves its prompt from the restored cells and continues the same."""
-    oracle = Oracle(mxfp4_path, "f32")
-    expected = [oracle.greedy(s, N_STEPS)[0] for s in SEQS]
-    engine = _engine(mxfp4_path)
-    try:
-        handles = [
-            engine.submit(GenerationRequest(prompt=s, max_tokens=N_STEPS, sampling=GREEDY, slot=i))
-            for i, s in enumerate(SEQS)
-        ]
-        for handle, want in zip(handles, expected, strict=True):
-            _same_greedy(_tokens(handle)[0], want)
-        saved = engine.save_slot(0, tmp_path / "slot0.bin")
-        assert engine.erase_slot(0) == saved.n_tokens
-        engine.restore_slot(0, tmp_path / "slot0.bin")
-        req = GenerationRequest(prompt=SEQS[0], max_tokens=N_STEPS, sampling=GREEDY, slot=0)
-        got, final = _tokens(engine.submit(req))
-        assert final.usage.cached_tokens == len(SEQS[0]) - 1  # the restored cells served the prompt
-        _same_greedy(got, expected[0])
-    finally:
-        engine.shutdown()
+    check_three_slots_and_restore(mxfp4_path, tmp_path)
 
 
 def test_sinks_and_swiglu_clamp_take_part(mxfp4_model: GptOss) -> None:

@@ -14,24 +14,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from arch_parity import check_batched_sequences, check_three_slots_and_restore
 from test_engine_parity import Oracle, _check_greedy
 from tiny_models import N_EMBD, N_EXPERT, write_tiny_model
 
 from gguf_io import GGMLQuantizationType as T
 from gguf_io import open as open_gguf
-from llama_engine import LLM, Engine, EngineConfig, GenerationRequest, SamplingParams
-from llama_engine.arch import load_model
+from llama_engine import LLM
 from llama_engine.batch import Batch
 from llama_engine.layers import MoE
-from llama_engine.requests import FinalEvent, TokenEvent
 
 pytestmark = pytest.mark.parity
 
 EXPERT_TYPES = ["F32", "F16", "Q8_0", "Q4_0"]
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
-SEQS = [[256, *range(40, 52)], [256, 7, 99, 140, 33], [256, *range(200, 230, 3)]]
-N_STEPS = 10
-GREEDY = SamplingParams(temperature=0.0)
 
 
 def _write(d: Path, expert_type: str) -> Path:
@@ -60,23 +56,7 @@ def test_greedy_text_and_logits_equal_llama_cpp(pair: tuple, prompt: str) -> Non
 
 
 def test_batched_sequences_logits_equal_llama_cpp(q4_path: Path) -> None:
-    """Three sequences' prompts in one batch, then their decode tokens in one batch per step: each row
-    equals llama.cpp's logits for that sequence alone."""
-    oracle = Oracle(q4_path, "f32")
-    expected = [oracle.greedy(s, N_STEPS) for s in SEQS]
-    model = load_model(open_gguf(q4_path))
-    kv = model.make_kv_cache(512, n_seq_max=len(SEQS), type_k="f32", type_v="f32")
-    logits, _ = model.forward(Batch.concat([Batch.single(s, i) for i, s in enumerate(SEQS)]), kv)
-    live = list(range(len(SEQS)))  # the sequences still decoding (llama.cpp stops at end-of-generation)
-    for step in range(N_STEPS):
-        for row, i in enumerate(live):
-            np.testing.assert_array_equal(logits[row], expected[i][1][step])
-        live = [i for i in live if step + 1 < len(expected[i][1])]
-        if not live:
-            break
-        parts = [Batch.single([expected[i][0][step]], i, len(SEQS[i]) + step) for i in live]
-        logits, _ = model.forward(Batch.concat(parts), kv)
-    assert sum(len(ref) == N_STEPS for _, ref in expected) > 1  # several decoded together to the end
+    check_batched_sequences(q4_path)
 
 
 def test_tied_router_scores_choose_experts_as_llama_cpp(tmp_path: Path) -> None:
@@ -101,47 +81,5 @@ def test_tied_router_scores_choose_experts_as_llama_cpp(tmp_path: Path) -> None:
         assert (selected == [0, 1]).all(1).any()  # the last layer chose the tied pair for some token
 
 
-def _engine(path: Path) -> Engine:
-    cfg = EngineConfig(
-        n_ctx=512, n_parallel=3, n_batch=64, warmup=False, cache_type_k="f32", cache_type_v="f32"
-    )
-    engine = Engine(path, cfg).start()
-    engine.wait_ready()
-    return engine
-
-
-def _tokens(handle) -> tuple[list[int], FinalEvent]:  # type: ignore[no-untyped-def]
-    events = list(handle)
-    final = events[-1]
-    assert isinstance(final, FinalEvent) and not final.error
-    return [e.token for e in events if isinstance(e, TokenEvent)], final
-
-
-def _same_greedy(got: list[int], want: list[int]) -> None:
-    """The engine's greedy tokens are llama.cpp's (the end-of-generation token that ends them may be left
-    out of the events)."""
-    assert got == want or got == want[:-1], (got, want)
-
-
 def test_scheduler_with_three_slots_and_slot_restore_equal_llama_cpp(q4_path: Path, tmp_path: Path) -> None:
-    """Three requests decoded together by the scheduler give llama.cpp's greedy text for each; a slot
-    saved, erased and restored serves its prompt from the restored cells and continues the same."""
-    oracle = Oracle(q4_path, "f32")
-    expected = [oracle.greedy(s, N_STEPS)[0] for s in SEQS]
-    engine = _engine(q4_path)
-    try:
-        handles = [
-            engine.submit(GenerationRequest(prompt=s, max_tokens=N_STEPS, sampling=GREEDY, slot=i))
-            for i, s in enumerate(SEQS)
-        ]
-        for handle, want in zip(handles, expected, strict=True):
-            _same_greedy(_tokens(handle)[0], want)
-        saved = engine.save_slot(0, tmp_path / "slot0.bin")
-        assert engine.erase_slot(0) == saved.n_tokens
-        engine.restore_slot(0, tmp_path / "slot0.bin")
-        req = GenerationRequest(prompt=SEQS[0], max_tokens=N_STEPS, sampling=GREEDY, slot=0)
-        got, final = _tokens(engine.submit(req))
-        assert final.usage.cached_tokens == len(SEQS[0]) - 1  # the restored cells served the prompt
-        _same_greedy(got, expected[0])
-    finally:
-        engine.shutdown()
+    check_three_slots_and_restore(q4_path, tmp_path)

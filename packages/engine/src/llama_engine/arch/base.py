@@ -31,9 +31,10 @@ from llama_quant.kernels import Activations, ExactMatrix
 from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
-from ..layers import FFN, DenseFFN, Mamba2, MoE, ShortConv, ShortConvBuffers
-from ..layers.delta_net import DeltaNet
+from ..layers import FFN, DenseFFN, Mamba2, Mamba2Buffers, MoE, ShortConv, ShortConvBuffers
+from ..layers.delta_net import DeltaNet, DeltaNetBuffers
 from ..lora import LoraAdapter
+from ..memory import RecurrentPool
 from ..ops.attention import prepare_qkv
 from .rope_scaling import FREQ_FACTOR_TENSORS, freq_factors, rope_scaling
 from .workspace import EMPTY, Workspace
@@ -280,6 +281,24 @@ class DecoderModel:
             sinks=self.vec_or_none(p + "attn_sinks.weight"),
         )
 
+    def load_recurrent_layer(
+        self, il: int, mixer: ShortConv | Mamba2 | DeltaNet, ffn_norm: str = "ffn_norm.weight"
+    ) -> LayerWeights:
+        """Layer ``il`` with the recurrent ``mixer`` in attention's place: its input norm, the FFN's input
+        norm (the block's tensor ``ffn_norm``) and the FFN."""
+        p = f"blk.{il}."
+        return LayerWeights(
+            attn_norm=self.vec(p + "attn_norm.weight"),
+            wq=None,
+            wk=None,
+            wv=None,
+            wqkv=None,
+            wo=None,
+            ffn_norm=self.vec(p + ffn_norm),
+            ffn=self.load_ffn(il),
+            mixer=mixer,
+        )
+
     def load_ffn(self, il: int) -> FFN:
         """Layer ``il``'s FFN kind: the dense gated FFN here; an architecture with experts returns its
         ``MoE`` for the layers that have them."""
@@ -341,6 +360,21 @@ class DecoderModel:
 
     # -- cache -------------------------------------------------------------------------------------------
 
+    @property
+    def recurrent_layers(self) -> list[int]:
+        """The layers with a recurrent ``mixer`` in attention's place (llama.cpp's is_recr): none here."""
+        return []
+
+    def kv_layers(self) -> list[int]:
+        """The layers that store keys and values in the KV cache: those that attend."""
+        rec = self.recurrent_layers
+        return [il for il in range(self.config.n_layer) if il not in rec]
+
+    def recurrent_rows(self) -> tuple[int, int] | None:
+        """The widths of one sequence's state in each recurrent layer, (conv r_dim, SSM s_dim) of the
+        ``RecurrentPool`` beside the KV cache (llama.cpp's hybrid memory); None: no recurrent memory."""
+        return None
+
     def make_kv_cache(
         self,
         n_ctx: int,
@@ -353,11 +387,14 @@ class DecoderModel:
     ) -> KVCache:
         c = self.config
         self.workspace(n_ubatch)
+        rows = self.recurrent_rows()
+        state = RecurrentPool(n_seq_max, self.recurrent_layers, *rows) if rows is not None else None
+        layers = self.kv_layers()
         return KVCache(
             n_ctx,
             c.n_layer,
             c.n_head_kv * c.head_dim,
-            c.swa_layers,
+            frozenset(il for il in layers if il in c.swa_layers),
             c.swa_window,
             n_seq_max=n_seq_max,
             n_ubatch=n_ubatch,
@@ -366,6 +403,8 @@ class DecoderModel:
             type_v=type_v,
             flash_attn=flash_attn,
             head_dim=c.head_dim,
+            layers=layers,
+            recurrent=state,
         )
 
     def rope_cache(self, il: int, n_pos: int) -> np.ndarray:
@@ -419,8 +458,13 @@ class DecoderModel:
             )
             ws.moe = moes[0].buffers(ws.n_batch, c.n_embd) if moes else None
             if any(lw.mixer is not None for lw in self.layers):
-                ws.mixer = ShortConvBuffers(ws.n_batch, c.n_embd)
+                ws.mixer = self.mixer_buffers(ws.n_batch)
         return ws
+
+    def mixer_buffers(self, n_batch: int) -> ShortConvBuffers | Mamba2Buffers | DeltaNetBuffers:
+        """The recurrent layers' scratch for batches of up to ``n_batch`` tokens (the short convolution's
+        here; an architecture with another mixer returns its own)."""
+        return ShortConvBuffers(n_batch, self.config.n_embd)
 
     def embed(self, tokens: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Token embeddings [n, n_embd] (ggml_get_rows on token_embd), times the architecture's scale,

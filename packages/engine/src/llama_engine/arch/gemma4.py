@@ -189,6 +189,10 @@ class Gemma4(DecoderModel):
 
     # -- cache -------------------------------------------------------------------------------------------
 
+    def kv_layers(self) -> list[int]:
+        """The layers that store keys and values: the first n_layer_kv (the shared ones read them)."""
+        return list(range(self.n_layer_kv))
+
     def make_kv_cache(
         self,
         n_ctx: int,
@@ -199,27 +203,10 @@ class Gemma4(DecoderModel):
         type_v: str = "f16",
         flash_attn: bool = False,
     ) -> KVCache:
-        """Keys and values of the stored layers only (the shared ones read them); f32 and f16 caches."""
+        """Keys and values of the stored layers only (``kv_layers``); f32 and f16 caches."""
         if flash_attn or type_k not in ("f16", "f32") or type_v not in ("f16", "f32"):
             raise ValueError("gemma4 runs with f16 or f32 K/V caches without flash attention")
-        c = self.config
-        self.workspace(n_ubatch)
-        stored = list(range(self.n_layer_kv))
-        return KVCache(
-            n_ctx,
-            c.n_layer,
-            c.n_head_kv * c.head_dim,
-            frozenset(il for il in stored if il in c.swa_layers),
-            c.swa_window,
-            n_seq_max=n_seq_max,
-            n_ubatch=n_ubatch,
-            swa_full=swa_full,
-            type_k=type_k,
-            type_v=type_v,
-            flash_attn=flash_attn,
-            head_dim=c.head_dim,
-            layers=stored,
-        )
+        return super().make_kv_cache(n_ctx, n_seq_max, n_ubatch, swa_full, type_k, type_v, flash_attn)
 
     def rope_cache(self, il: int, n_pos: int) -> np.ndarray:
         c, g = self.config, self.geometry[il]

@@ -26,7 +26,6 @@ from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
 from ..layers import FFN, DenseFFN, Gating, Mamba2, Mamba2Buffers, Mamba2Shape, MoE, MoEConfig
-from ..memory import RecurrentPool
 from .base import DecoderModel, LayerWeights, ModelConfig, register
 from .workspace import EMPTY, Workspace
 
@@ -93,18 +92,7 @@ class GraniteHybrid(DecoderModel):
         if il not in self._recurrent:
             return super().load_layer(il)
         assert self.ssm is not None
-        p = f"blk.{il}."
-        return LayerWeights(
-            attn_norm=self.vec(p + "attn_norm.weight"),
-            wq=None,
-            wk=None,
-            wv=None,
-            wqkv=None,
-            wo=None,
-            ffn_norm=self.vec(p + "ffn_norm.weight"),
-            ffn=self.load_ffn(il),
-            mixer=Mamba2.load(self, il, self.ssm),
-        )
+        return self.load_recurrent_layer(il, Mamba2.load(self, il, self.ssm))
 
     def kq_scale(self) -> float:
         return self.attention_scale or self.config.attn_scale
@@ -116,13 +104,13 @@ class GraniteHybrid(DecoderModel):
         if self.logit_scale:  # ggml_scale by 1.0f / f_logit_scale, the factor rounded to float first
             np.multiply(logits, np.float32(1.0) / np.float32(self.logit_scale), out=logits)
 
-    def workspace(self, n_batch: int) -> Workspace:
-        ws = super().workspace(n_batch)
-        if self.ssm is not None and not (
-            isinstance(ws.mixer, Mamba2Buffers) and ws.mixer.n_batch >= ws.n_batch
-        ):
-            ws.mixer = Mamba2Buffers(ws.n_batch, self.ssm)
-        return ws
+    def mixer_buffers(self, n_batch: int) -> Mamba2Buffers:
+        assert self.ssm is not None
+        return Mamba2Buffers(n_batch, self.ssm)
+
+    def recurrent_rows(self) -> tuple[int, int] | None:
+        """The Mamba-2 layers' conv and SSM state widths; None without Mamba-2 layers."""
+        return (self.ssm.r_dim, self.ssm.s_dim) if self.ssm is not None else None
 
     def block(self, il: int, ws: Workspace, batch: Batch, kv: KVCache, placed: Placement) -> None:
         """build_layer_ffn: the mixer's output (with attn_output's bias) and the FFN's, each times
@@ -145,32 +133,3 @@ class GraniteHybrid(DecoderModel):
             np.multiply(o, self.residual_scale, out=o)
         nxt = self.layers[il + 1].attn_norm if il + 1 < c.n_layer else EMPTY
         ops.residual_norm(ws.x, ws.o, EMPTY, EMPTY, nxt, ws.h.x, eps, n, d)
-
-    def make_kv_cache(
-        self,
-        n_ctx: int,
-        n_seq_max: int = 1,
-        n_ubatch: int = 512,
-        swa_full: bool = False,
-        type_k: str = "f16",
-        type_v: str = "f16",
-        flash_attn: bool = False,
-    ) -> KVCache:
-        c = self.config
-        self.workspace(n_ubatch)
-        rec = self._recurrent
-        s = self.ssm
-        state = RecurrentPool(n_seq_max, rec, s.r_dim, s.s_dim) if s is not None else None
-        return KVCache(
-            n_ctx,
-            c.n_layer,
-            c.n_head_kv * c.head_dim,
-            n_seq_max=n_seq_max,
-            n_ubatch=n_ubatch,
-            type_k=type_k,
-            type_v=type_v,
-            flash_attn=flash_attn,
-            head_dim=c.head_dim,
-            layers=[il for il in range(c.n_layer) if il not in rec],
-            recurrent=state,
-        )

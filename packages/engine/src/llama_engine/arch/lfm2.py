@@ -15,9 +15,7 @@ import dataclasses
 from gguf_io import ModelHeader
 
 from .. import ops
-from ..kv_cache import KVCache
-from ..layers import DenseFFN, ShortConv
-from ..memory import RecurrentPool
+from ..layers import ShortConv
 from .base import DecoderModel, LayerWeights, ModelConfig, register
 
 __all__ = ["Lfm2"]
@@ -47,45 +45,11 @@ class Lfm2(DecoderModel):
     def load_layer(self, il: int) -> LayerWeights:
         if il not in self.recurrent_layers:
             return super().load_layer(il)
-        p = f"blk.{il}."
-        return LayerWeights(
-            attn_norm=self.vec(p + "attn_norm.weight"),
-            wq=None,
-            wk=None,
-            wv=None,
-            wqkv=None,
-            wo=None,
-            ffn_norm=self.vec(p + "ffn_norm.weight"),
-            ffn=DenseFFN.load(self, il, self.activation),
-            mixer=ShortConv.load(self, il),
-        )
+        return self.load_recurrent_layer(il, ShortConv.load(self, il))
 
-    def make_kv_cache(
-        self,
-        n_ctx: int,
-        n_seq_max: int = 1,
-        n_ubatch: int = 512,
-        swa_full: bool = False,
-        type_k: str = "f16",
-        type_v: str = "f16",
-        flash_attn: bool = False,
-    ) -> KVCache:
-        c = self.config
-        self.workspace(n_ubatch)
-        conv = self.recurrent_layers
-        d_conv = {lw.mixer.d_conv for il in conv if (lw := self.layers[il]).mixer is not None}
-        state = RecurrentPool(n_seq_max, conv, c.n_embd * max(d_conv, default=0))
-        attn = [il for il in range(c.n_layer) if il not in conv]
-        return KVCache(
-            n_ctx,
-            c.n_layer,
-            c.n_head_kv * c.head_dim,
-            n_seq_max=n_seq_max,
-            n_ubatch=n_ubatch,
-            type_k=type_k,
-            type_v=type_v,
-            flash_attn=flash_attn,
-            head_dim=c.head_dim,
-            layers=attn,
-            recurrent=state,
-        )
+    def recurrent_rows(self) -> tuple[int, int]:
+        """Each convolution's last d_conv inputs of n_embd, no SSM state."""
+        d_conv = {
+            lw.mixer.d_conv for il in self.recurrent_layers if (lw := self.layers[il]).mixer is not None
+        }
+        return self.config.n_embd * max(d_conv, default=0), 0

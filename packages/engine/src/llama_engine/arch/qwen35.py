@@ -27,7 +27,6 @@ from ..batch import Batch
 from ..kv_cache import KVCache, Placement
 from ..layers import FFN, Gating, MoE, MoEConfig
 from ..layers.delta_net import DeltaNet, DeltaNetBuffers, DeltaNetShape
-from ..memory import RecurrentPool
 from .base import DecoderModel, LayerWeights, _fresh, _vec, register
 from .workspace import Workspace
 
@@ -37,6 +36,8 @@ __all__ = ["Qwen35", "Qwen35Moe"]
 @register("qwen35")
 class Qwen35(DecoderModel):
     rope_mode = ops.ROPE_NEOX
+    # the attention's scratch, sized by ``workspace``: the query-and-gate product and the gate
+    _qg = _gate = np.zeros((0, 0), np.float32)
 
     @cached_property
     def recurrent_layers(self) -> list[int]:
@@ -62,20 +63,12 @@ class Qwen35(DecoderModel):
         return DeltaNetShape(hk, nk, inner // nv, nv, taps)
 
     def load_layer(self, il: int) -> LayerWeights:
-        p = f"blk.{il}."
-        post = self.vec(p + "post_attention_norm.weight")  # the FFN's input norm (attn_post_norm)
-        if il in self.recurrent_layers:
-            return LayerWeights(
-                attn_norm=self.vec(p + "attn_norm.weight"),
-                wq=None,
-                wk=None,
-                wv=None,
-                wqkv=None,
-                wo=None,
-                ffn_norm=post,
-                ffn=self.load_ffn(il),
-                mixer=DeltaNet.load(self, il, self.delta_shape),
+        if il in self.recurrent_layers:  # post_attention_norm: the FFN's input norm (attn_post_norm)
+            return self.load_recurrent_layer(
+                il, DeltaNet.load(self, il, self.delta_shape), "post_attention_norm.weight"
             )
+        p = f"blk.{il}."
+        post = self.vec(p + "post_attention_norm.weight")
         lw = super().load_layer(il)
         c = self.config
         q = lw.wqkv.rows - 2 * c.n_head_kv * c.head_dim if lw.wqkv is not None else lw.wq.rows  # type: ignore[union-attr]
@@ -112,40 +105,19 @@ class Qwen35(DecoderModel):
 
     # -- memory and buffers ------------------------------------------------------------------------------
 
-    def make_kv_cache(
-        self,
-        n_ctx: int,
-        n_seq_max: int = 1,
-        n_ubatch: int = 512,
-        swa_full: bool = False,
-        type_k: str = "f16",
-        type_v: str = "f16",
-        flash_attn: bool = False,
-    ) -> KVCache:
-        c, s = self.config, self.delta_shape
-        self.workspace(n_ubatch)
-        rec = self.recurrent_layers
-        state = RecurrentPool(n_seq_max, rec, s.conv_state, s.ssm_state)
-        return KVCache(
-            n_ctx,
-            c.n_layer,
-            c.n_head_kv * c.head_dim,
-            n_seq_max=n_seq_max,
-            n_ubatch=n_ubatch,
-            type_k=type_k,
-            type_v=type_v,
-            flash_attn=flash_attn,
-            head_dim=c.head_dim,
-            layers=[il for il in range(c.n_layer) if il not in rec],
-            recurrent=state,
-        )
+    def recurrent_rows(self) -> tuple[int, int]:
+        """The delta-net layers' conv and delta state widths."""
+        s = self.delta_shape
+        return s.conv_state, s.ssm_state
+
+    def mixer_buffers(self, n_batch: int) -> DeltaNetBuffers:
+        return DeltaNetBuffers(n_batch, self.delta_shape)
 
     def workspace(self, n_batch: int) -> Workspace:
         ws = super().workspace(n_batch)
-        if not isinstance(ws.mixer, DeltaNetBuffers) or ws.mixer.n_batch < ws.n_batch:
+        if len(self._gate) < ws.n_batch:
             c = self.config
             q, kv = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-            ws.mixer = DeltaNetBuffers(ws.n_batch, self.delta_shape)
             self._qg = np.zeros((ws.n_batch, 2 * q + 2 * kv), np.float32)  # [q, gate] per head | k | v
             self._gate = np.zeros((ws.n_batch, q), np.float32)
         return ws
