@@ -9,7 +9,6 @@ importance matrix.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import re
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from plans import digest, our_types
 
 import gguf_io
 from gguf_io import GGMLQuantizationType as T
@@ -26,13 +26,8 @@ from llama_quant.cli import main
 from llama_quant.imatrix import load_imatrix
 from llama_quant.mixture import (
     FILE_TYPES,
-    MixtureParams,
-    ModelInfo,
-    TensorSpec,
     default_type,
     parse_file_type,
-    plan_types,
-    weight_order,
 )
 
 pytestmark = pytest.mark.parity
@@ -190,23 +185,9 @@ def llama_cpp_quantize(
 # -- our side ----------------------------------------------------------------------------------------------
 
 
-def our_types(inp: Path, ftype: int, mixture_kw: dict | None = None, has_imatrix: bool = False) -> dict:
-    with gguf_io.open(inp) as f:
-        specs = [
-            TensorSpec(n, f.tensors[n].shape, f.tensors[n].ggml_type) for n in weight_order(list(f.tensors))
-        ]
-        params = MixtureParams(ftype=ftype, has_imatrix=has_imatrix, **(mixture_kw or {}))
-        plan = plan_types(specs, ModelInfo.from_metadata(f.metadata), params)
-    return {n: t.name for n, t in plan.types.items()}
-
-
 def file_types(path: Path) -> dict[str, str]:
     with gguf_io.open(path) as f:
         return {n: t.ggml_type.name for n, t in f.tensors.items()}
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _first_difference(a: Path, b: Path) -> str:
@@ -284,7 +265,7 @@ def _run_both(f16_models, tmp_path, model, name, imatrix_file=None):
     TIMINGS[f"{model}-{name}"] = (t2 - t1, t1 - t0)
     print(f"{model} {name}: ours {t2 - t1:.1f}s, llama.cpp {t1 - t0:.1f}s ({NTHREAD} threads)")
     assert file_types(ours_path) == file_types(theirs_path)
-    if _digest(ours_path) != _digest(theirs_path):
+    if digest(ours_path) != digest(theirs_path):
         pytest.fail(f"{model} {name}: outputs differ: {_first_difference(theirs_path, ours_path)}")
 
 

@@ -7,7 +7,6 @@ mixes actually run the output files must be byte-identical, with and without a p
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import moe_models
 import numpy as np
 import pytest
+from plans import digest, our_types
 
 import gguf_io
 from gguf_io import GGMLQuantizationType as T
@@ -23,13 +23,8 @@ from gguf_io import GGUFValueType
 from llama_quant.cli import main
 from llama_quant.mixture import (
     FILE_TYPES,
-    MixtureParams,
-    ModelInfo,
-    TensorSpec,
     default_type,
     parse_file_type,
-    plan_types,
-    weight_order,
 )
 
 pytestmark = pytest.mark.parity
@@ -99,16 +94,10 @@ def their_table(args: list[str]) -> dict[str, str] | None:
 
 def our_table(model: Path, name: str, has_imatrix: bool = False) -> dict[str, str] | None:
     """The plan's per-tensor types (None when it refuses: no fallback type for the row length)."""
-    with gguf_io.open(model) as f:
-        specs = [
-            TensorSpec(n, f.tensors[n].shape, f.tensors[n].ggml_type) for n in weight_order(list(f.tensors))
-        ]
-        params = MixtureParams(ftype=parse_file_type(name).ftype, has_imatrix=has_imatrix)
-        try:
-            plan = plan_types(specs, ModelInfo.from_metadata(f.metadata), params)
-        except ValueError:
-            return None
-    return {n: t.name for n, t in plan.types.items()}
+    try:
+        return our_types(model, parse_file_type(name).ftype, has_imatrix=has_imatrix)
+    except ValueError:
+        return None
 
 
 TABLE_TYPES = [ft.name for ft in FILE_TYPES if ft.name != "COPY" and default_type(ft.ftype) is not None]
@@ -139,10 +128,6 @@ BYTE_CASES = [
 ]
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def run_both(models, tmp_path: Path, arch: str, name: str, options: list[str]) -> None:
     if arch == "gpt-oss":
         options = ["--allow-requantize", *options]
@@ -156,7 +141,7 @@ def run_both(models, tmp_path: Path, arch: str, name: str, options: list[str]) -
         }
         differ = [n for n in a.tensors if not np.array_equal(a.tensor_bytes(n), b.tensor_bytes(n))]
     assert not differ, f"tensor bytes differ: {differ[:4]}"
-    assert _digest(got) == _digest(want)
+    assert digest(got) == digest(want)
 
 
 @pytest.mark.parametrize(("arch", "name"), BYTE_CASES, ids=[f"{a}-{n}" for a, n in BYTE_CASES])
