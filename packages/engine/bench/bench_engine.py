@@ -1,9 +1,12 @@
-"""llama-engine against llama.cpp (llama-cpp-python, native build) on the real models, same threads.
+"""llama-engine against llama.cpp (llama-cpp-python, native build) on the real models and on the
+synthetic mixture-of-experts models of ``synthetic.py`` (a qwen3moe and a qwen35moe hybrid of about 1 GB
+at Q4_K_M), same threads, same files.
 
 Measured one after the other, each side in its own process, nothing else running, the sides alternating
 for ``ROUNDS`` rounds: prefill of 512 tokens, single-stream decode of 128 tokens, aggregate decode of 4 and
 8 concurrent sequences (each the best of 3 per round, and the best round), and time from process start to
-the first token (a fresh interpreter, numba cache warm). Prints one table of tokens/s and ratios.
+the first token (a fresh interpreter, numba cache warm). Prints one table of tokens/s and ratios, and one
+of our resident memory after the runs against the file + KV cache and recurrent state + 300 MB.
 """
 
 from __future__ import annotations
@@ -97,7 +100,21 @@ def ours(path: str, n_prompt: int, n_decode: int, streams: tuple[int, ...]) -> d
                 th.join()
             tps = sum(counts) / (time.perf_counter() - t)
             res[f"decode x{n}"] = max(res.get(f"decode x{n}", 0.0), tps)
+        res["memory"] = llm.engine.kv.nbytes  # the KV cache and recurrent state, as allocated
+    res["rss"] = _status_bytes("VmRSS")
     return res
+
+
+def _status_bytes(key: str) -> float:
+    """A /proc/self/status figure in bytes (0 where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return float(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return 0.0
 
 
 # -- llama.cpp ---------------------------------------------------------------------------------------------
@@ -190,7 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--decode", type=int, default=128)
-    parser.add_argument("--models", default="smollm2,gemma3")
+    parser.add_argument("--models", default="smollm2,gemma3,qwen3moe,qwen35moe")
     parser.add_argument("--side", choices=["ours", "theirs"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,8 +216,17 @@ def main() -> None:
         fn = ours if args.side == "ours" else theirs
         print(json.dumps(fn(args.path, args.prompt, args.decode, streams)))
         return
-    paths = {"SmolLM2-135M Q4_1": smollm2_path, "Gemma-3-270M Q4_K_M": gemma3_path}
-    chosen = {k: v for k, v in paths.items() if k.split("-")[0].lower() in args.models}
+    import synthetic  # beside this script: the mixture-of-experts models, written on first use
+
+    paths = {
+        "SmolLM2-135M Q4_1": smollm2_path,
+        "Gemma-3-270M Q4_K_M": gemma3_path,
+        "qwen3moe 32x4 Q4_K_M": lambda: str(synthetic.model_path("qwen3moe")),
+        "qwen35moe 64x8 Q4_K_M": lambda: str(synthetic.model_path("qwen35moe")),
+    }
+    wanted = args.models.split(",")
+    chosen = {k: v for k, v in paths.items() if k.split("-")[0].split(" ")[0].lower() in wanted}
+    memory: list[str] = []
     print(f"\n## llama-engine vs llama.cpp (llama-cpp-python), {THREADS} threads, tokens/s\n")
     print(f"| {'model':<20} | {'measure':<12} | {'ours':>9} | {'llama.cpp':>9} | {'ratio':>6} |")
     print(f"|{'-' * 22}|{'-' * 14}|{'-' * 11}|{'-' * 11}|{'-' * 8}|")
@@ -214,9 +240,21 @@ def main() -> None:
             for side, best in (("ours", a), ("theirs", b)):
                 for key, value in measure_in_subprocess(side, path, args).items():
                     best[key] = max(best.get(key, 0.0), value)
-        for key in a:
+        for key in b:
             print(f"| {name:<20} | {key:<12} | {a[key]:>9.1f} | {b[key]:>9.1f} | {a[key] / b[key]:>5.2f}x |")
         print(f"| {name:<20} | {'start->token':<12} | {ttft:>8.2f}s | {'':>9} | {'':>6} |")
+        size, mib = os.path.getsize(path), 2**20
+        budget = size + a["memory"] + 300 * mib
+        memory.append(
+            f"| {name:<20} | {size / mib:>8.0f} | {a['memory'] / mib:>9.0f} | {a['rss'] / mib:>8.0f} | "
+            f"{budget / mib:>8.0f} | {'yes' if a['rss'] <= budget else 'NO':>6} |"
+        )
+    print("\n## our resident memory after the runs (MiB): within file + KV and state + 300 MiB\n")
+    print(
+        f"| {'model':<20} | {'file':>8} | {'KV+state':>9} | {'resident':>8} | {'budget':>8} | {'within':>6} |"
+    )
+    print(f"|{'-' * 22}|{'-' * 10}|{'-' * 11}|{'-' * 10}|{'-' * 10}|{'-' * 8}|")
+    print("\n".join(memory))
 
 
 if __name__ == "__main__":

@@ -4,16 +4,18 @@ two sequences interleaved in one call give, for each, the reference's outputs an
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from llama_engine.layers import ref
 from llama_engine.layers.delta_net import delta_net
 
-HK, NK, HV, NV, TAPS = 8, 2, 8, 4, 4
-CD = 2 * NK * HK + NV * HV
+TAPS = 4
 EPS = 1e-6
 
 
-def test_delta_net_matches_reference_per_sequence() -> None:
+@pytest.mark.parametrize(("HK", "NK", "HV", "NV"), [(8, 2, 8, 4), (16, 3, 6, 3)])  # 6: rows past fours
+def test_delta_net_matches_reference_per_sequence(HK: int, NK: int, HV: int, NV: int) -> None:
+    CD = 2 * NK * HK + NV * HV
     rng = np.random.default_rng(3)
     f32 = np.float32
     n = 11
@@ -32,10 +34,16 @@ def test_delta_net_matches_reference_per_sequence() -> None:
     want_conv, want_ssm = conv_state.copy(), ssm_state.copy()
 
     y = np.zeros((n, NV * HV), f32)
-    scratch = np.zeros(CD + 2 * NK * HK + HV, f32)
-    core = np.zeros(NV * HV, f32)
+
+    # the kernel keeps each head's state S [HK, HV]; the reference ggml's transpose
+    def ours(ggml: np.ndarray) -> np.ndarray:
+        return ggml.reshape(-1, NV, HV, HK).transpose(0, 1, 3, 2).reshape(ggml.shape).copy()
+
+    ssm_state = ours(ssm_state)
+    mixed = np.zeros((n, CD + 2 * NK * HK), f32)
+    core = np.zeros((n, NV * HV), f32)
     delta_net(y, qkv, z, beta, alpha, conv_state, ssm_state, w, dt_bias, a, norm, rows, n, HK, NK, HV, NV,
-              TAPS, f32(EPS), scratch, core)  # fmt: skip
+              TAPS, f32(EPS), mixed, core)  # fmt: skip
 
     for s in (0, 1):
         t = np.flatnonzero(rows == s)
@@ -44,5 +52,5 @@ def test_delta_net_matches_reference_per_sequence() -> None:
         )
         np.testing.assert_array_equal(y[t], want)
         np.testing.assert_array_equal(conv_state[s], want_conv[s])
-        np.testing.assert_array_equal(ssm_state[s], want_ssm[s])
+        np.testing.assert_array_equal(ssm_state[s], ours(want_ssm[s]))
     assert np.isfinite(y).all() and y.std() > 0

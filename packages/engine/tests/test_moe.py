@@ -13,7 +13,7 @@ from llama_engine.arch.workspace import Workspace
 from llama_engine.layers import Gating, MoE, MoEConfig
 from llama_engine.layers import ref as layers_ref
 from llama_engine.layers.routing import route, stl_sort_desc
-from llama_quant.kernels import ExactMatrix
+from llama_quant.kernels import ExactMatrix, ExpertMatrix
 
 N_EMBD, N_FF, N_FF_SHARED = 64, 32, 64
 
@@ -72,30 +72,46 @@ def test_sort_keeps_the_order_of_ties_up_to_16_and_sorts_any_length() -> None:
             assert v.tolist() == np.argsort(-p, kind="stable").tolist()
 
 
-def _pair(rng: np.random.Generator, e: int, n_ff: int, tg: T, tu: T):  # type: ignore[no-untyped-def]
-    """Expert e's gate and up matrices apart (the reference's) and stacked [gate | up] (the layer's, when
-    they share a type)."""
-    g, u = _raw(rng, n_ff, N_EMBD, tg), _raw(rng, n_ff, N_EMBD, tu)
-    both = _m(np.concatenate([g, u]), tg, 2 * n_ff, N_EMBD) if tg == tu else None
-    return _m(g, tg, n_ff, N_EMBD), _m(u, tu, n_ff, N_EMBD), both
+def _pair(rng: np.random.Generator, n_ff: int, tg: T, tu: T, d: int = N_EMBD):  # type: ignore[no-untyped-def]
+    """An expert's gate and up matrices apart (the reference's), stacked [gate | up], and their raw bytes."""
+    g, u = _raw(rng, n_ff, d, tg), _raw(rng, n_ff, d, tu)
+    both = _m(np.concatenate([g, u]), tg, 2 * n_ff, d) if tg == tu else None
+    return _m(g, tg, n_ff, d), _m(u, tu, n_ff, d), both, g, u
 
 
-def _layer_and_reference(seed: int, types: tuple[T, T, T], shared: bool, cfg: MoEConfig):  # type: ignore[no-untyped-def]
+def _experts(raws: list[np.ndarray], qtype: T, rows: int, n_expert: int, cols: int) -> ExpertMatrix:
+    """The experts' matrices of one weight (``raws``: per part, every expert's bytes) as the layer holds
+    them."""
+    parts = [(raw, qtype, rows) for raw in raws]
+    m = ExpertMatrix.stacked(parts, n_expert, cols)
+    assert m is not None
+    return m
+
+
+def _layer_and_reference(  # type: ignore[no-untyped-def]
+    seed: int, types: tuple[T, T, T], shared: bool, cfg: MoEConfig, d: int = N_EMBD, n_ff: int = N_FF
+):
     rng = np.random.default_rng(seed)
     tg, tu, td = types
-    pairs = [_pair(rng, e, N_FF, tg, tu) for e in range(cfg.n_expert)]
-    gate, up, both = ([p[i] for p in pairs] for i in range(3))
-    down = [_m(_raw(rng, N_EMBD, N_FF, td), td, N_EMBD, N_FF) for _ in range(cfg.n_expert)]
-    router = _m(_raw(rng, cfg.n_expert, N_EMBD, T.F32, 1.0), T.F32, cfg.n_expert, N_EMBD)
-    stacked = tg == tu
-    moe = MoE(
-        cfg, router, both if stacked else None, None if stacked else gate, None if stacked else up, down
-    )
+    ne = cfg.n_expert
+    pairs = [_pair(rng, n_ff, tg, tu, d) for e in range(ne)]
+    gate, up = [p[0] for p in pairs], [p[1] for p in pairs]
+    g_raw, u_raw = (np.concatenate([p[i] for p in pairs]) for i in (3, 4))
+    d_raws = [_raw(rng, d, n_ff, td) for _ in range(ne)]
+    down = [_m(r, td, d, n_ff) for r in d_raws]
+    router = _m(_raw(rng, ne, d, T.F32, 1.0), T.F32, ne, d)
+    x_down = _experts([np.concatenate(d_raws)], td, d, ne, n_ff)
+    if tg == tu:  # [gate | up] per expert
+        moe = MoE(cfg, router, _experts([g_raw, u_raw], tg, n_ff, ne, d), None, None, x_down)
+    else:
+        moe = MoE(
+            cfg, router, None, _experts([g_raw], tg, n_ff, ne, d), _experts([u_raw], tu, n_ff, ne, d), x_down
+        )
     sh = sh_gate = None
     if shared:
-        sg, su, sboth = _pair(rng, 0, N_FF_SHARED, T.Q8_0, T.Q8_0)
-        sd = _m(_raw(rng, N_EMBD, N_FF_SHARED, T.Q8_0), T.Q8_0, N_EMBD, N_FF_SHARED)
-        sh_gate = _m(_raw(rng, 1, N_EMBD, T.F32), T.F32, 1, N_EMBD)
+        sg, su, sboth, _, _ = _pair(rng, N_FF_SHARED, T.Q8_0, T.Q8_0, d)
+        sd = _m(_raw(rng, d, N_FF_SHARED, T.Q8_0), T.Q8_0, d, N_FF_SHARED)
+        sh_gate = _m(_raw(rng, 1, d, T.F32), T.F32, 1, d)
         moe.shared, moe.shared_down, moe.shared_gate = sboth, sd, sh_gate
         sh = (sg, su, sd)
 
@@ -121,9 +137,9 @@ def _layer_and_reference(seed: int, types: tuple[T, T, T], shared: bool, cfg: Mo
 
 
 def _run(moe: MoE, x: np.ndarray) -> np.ndarray:
-    n = len(x)
-    ws = Workspace(n, N_EMBD, N_EMBD, N_EMBD, 0, 8, False, False)
-    ws.moe = moe.buffers(n, N_EMBD)
+    n, d = x.shape
+    ws = Workspace(n, d, d, d, 0, 8, False, False)
+    ws.moe = moe.buffers(n, d)
     ws.h.rows(n)[:] = x
     moe.forward(None, 0, ws, n)  # type: ignore[arg-type]  # the model is only read for LoRA and imatrix
     return ws.o[:n].copy()
@@ -135,11 +151,19 @@ def _run(moe: MoE, x: np.ndarray) -> np.ndarray:
         ((T.Q8_0, T.Q8_0, T.Q8_0), False, MoEConfig(8, 2, Gating.SOFTMAX, True)),  # qwen3moe's
         ((T.Q4_0, T.Q4_0, T.F16), True, MoEConfig(8, 4, Gating.SOFTMAX, False)),  # qwen2moe's, shared
         ((T.Q8_0, T.Q4_0, T.F32), False, MoEConfig(6, 3, Gating.SIGMOID, True, 2.5)),  # gate and up apart
+        ((T.Q4_K, T.Q4_K, T.Q6_K), False, MoEConfig(8, 4, Gating.SOFTMAX, True)),  # Q4_K_M: grouped kernels
+        (
+            (T.Q4_K, T.Q6_K, T.Q4_K),
+            True,
+            MoEConfig(8, 2, Gating.SOFTMAX, False),
+        ),  # grouped, gate and up apart
     ],
 )
 def test_moe_layer_matches_reference(types: tuple[T, T, T], shared: bool, cfg: MoEConfig) -> None:
-    moe, reference = _layer_and_reference(1, types, shared, cfg)
-    x = np.random.default_rng(2).standard_normal((11, N_EMBD)).astype(np.float32)
+    k_types = T.Q4_K in types
+    d, n_ff = (256, 256) if k_types else (N_EMBD, N_FF)  # the K types' rows are 256 values
+    moe, reference = _layer_and_reference(1, types, shared, cfg, d, n_ff)
+    x = np.random.default_rng(2).standard_normal((11, d)).astype(np.float32)
     got = _run(moe, x)
     np.testing.assert_array_equal(got, reference(x))
     # one token alone gives its row of the batch: the grouping changes no number
@@ -147,26 +171,22 @@ def test_moe_layer_matches_reference(types: tuple[T, T, T], shared: bool, cfg: M
     assert np.isfinite(got).all() and got.std() > 0
 
 
-class _Counted(ExactMatrix):
-    """An expert matrix that records each product it runs."""
+def test_a_batch_runs_one_product_per_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All the chosen experts of a step go in one grouped product per weight (gate and up stacked, down),
+    each expert's tiles read once for all its tokens."""
+    cfg = MoEConfig(8, 2, Gating.SOFTMAX, True)
+    moe, _ = _layer_and_reference(3, (T.Q4_K, T.Q4_K, T.Q4_K), False, cfg, 256, 256)
+    calls: list[tuple[int, int]] = []
+    real = ExpertMatrix.matmul
 
-    calls: list[int]
-    index: int
+    def counted(self, acts, out, pairs, offsets, active, m, div, scratch=None):  # type: ignore[no-untyped-def]
+        calls.append((self.rows, m))
+        assert sorted(active[:m].tolist()) == active[:m].tolist()  # each active expert once
+        return real(self, acts, out, pairs, offsets, active, m, div, scratch)
 
-    def matmul(self, x, out=None):  # type: ignore[no-untyped-def]
-        self.calls.append(self.index)
-        return super().matmul(x, out=out)
-
-
-def test_a_batch_reads_each_chosen_expert_once() -> None:
-    moe, _ = _layer_and_reference(3, (T.Q8_0, T.Q8_0, T.Q8_0), False, MoEConfig(8, 2, Gating.SOFTMAX, True))
-    assert moe.gate_up is not None
-    calls: list[int] = []
-    for e, m in enumerate(moe.gate_up):
-        m.__class__ = _Counted
-        m.calls, m.index = calls, e  # type: ignore[attr-defined]
-    _run(moe, np.random.default_rng(4).standard_normal((16, N_EMBD)).astype(np.float32))
-    assert len(calls) == len(set(calls)) and calls == sorted(calls) and len(calls) > 2
+    monkeypatch.setattr(ExpertMatrix, "matmul", counted)
+    _run(moe, np.random.default_rng(4).standard_normal((16, 256)).astype(np.float32))
+    assert [rows for rows, _ in calls] == [512, 256] and calls[0][1] > 2
 
 
 def test_swiglu_oai_matches_reference_past_the_limit() -> None:

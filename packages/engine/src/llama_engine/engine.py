@@ -319,7 +319,8 @@ class Engine:
         c = self.model.config
         rec = self.kv.recurrent
         rows = None if rec is None else (rec.layers, rec.r_dim, rec.s_dim)
-        return model_fingerprint(self.gguf, c, c.n_head_kv * c.head_dim, self.kv.type_k, self.kv.type_v, rows)
+        kv_dim, layout = c.n_head_kv * c.head_dim, self.model.state_layout
+        return model_fingerprint(self.gguf, c, kv_dim, self.kv.type_k, self.kv.type_v, rows, layout)
 
     def save_slot(self, slot: int, path: str | os.PathLike[str], scope: str = "") -> SlotFileResult:
         """Write the slot's tokens and KV cells to `path` (atomically); waits until the slot is idle. A

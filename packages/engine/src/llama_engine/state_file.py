@@ -103,9 +103,11 @@ def model_fingerprint(
     type_k: str = "f16",
     type_v: str = "f16",
     recurrent: tuple[list[int], int, int] | None = None,
+    state_layout: str | None = None,
 ) -> dict[str, Any]:
     """What must match between the writer and the reader of a state file; ``recurrent``: the layers of
-    the memory's recurrent pool and its conv and SSM state widths, where the model has one."""
+    the memory's recurrent pool and its conv and SSM state widths, where the model has one, and
+    ``state_layout`` the order of the state's values where it is not ggml's."""
     tok = gguf.tokenizer
     h = hashlib.sha256()
     for t in tok.tokens:
@@ -130,6 +132,8 @@ def model_fingerprint(
     if recurrent is not None:
         layers, r_dim, s_dim = recurrent
         fp["recurrent"] = {"layers": [int(i) for i in layers], "rows": [int(r_dim), int(s_dim)]}
+        if state_layout is not None:
+            fp["recurrent"]["layout"] = state_layout
     return fp
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
 from llama_quant import dequantize
 from llama_quant.cpu import KernelSet, resolve_kernel_set
-from llama_quant.kernels import Activations, ExactMatrix
+from llama_quant.kernels import Activations, ExactMatrix, ExpertMatrix
 
 from .. import ops
 from ..batch import Batch
@@ -304,10 +304,10 @@ class DecoderModel:
         ``MoE`` for the layers that have them."""
         return DenseFFN.load(self, il, self.activation)
 
-    def expert_matrices(self, names: list[str], n_expert: int) -> list[ExactMatrix] | None:
-        """Per expert, its slice of the 3-D tensors ``names`` ([n_expert] x rows x cols in the file: one
-        2-D matrix per expert, read from the mmap) as one ExactMatrix, several names stacked by rows (one
-        launch, as ``stacked``); None when a tensor is absent or the slices do not stack."""
+    def expert_matrices(self, names: list[str], n_expert: int) -> ExpertMatrix | None:
+        """The 3-D tensors ``names`` ([n_expert] x rows x cols in the file, read from the mmap) as one
+        ExpertMatrix, several names stacked by rows per expert (one launch, as ``stacked``); None when a
+        tensor is absent or the slices do not stack."""
         infos = [self._gguf.tensors.get(n) for n in names]
         if any(t is None for t in infos):
             return None
@@ -321,24 +321,13 @@ class DecoderModel:
         if len(shapes) != 1:
             return None
         cols, rows, _ = shapes.pop()
-        raws = [self._gguf.tensor_bytes(n).reshape(n_expert, -1) for n in names]
-        out: list[ExactMatrix] = []
-        for e in range(n_expert):
-            if len(names) == 1:
-                assert infos[0] is not None
-                out.append(self._exact(raws[0][e], infos[0].ggml_type, rows, cols))
-                continue
-            parts = [(raw[e], t.ggml_type, rows) for raw, t in zip(raws, infos, strict=True) if t is not None]
-            if _MATRIX_KERNELS:
-                m = ExactMatrix.stacked(parts, cols, kernels=self.kernels)
-            else:
-                m = ExactMatrix.stacked(parts, cols)
-            if m is None:
-                return None
-            out.append(m)
+        parts = [
+            (self._gguf.tensor_bytes(n), t.ggml_type, rows) for n, t in zip(names, infos, strict=True) if t
+        ]
+        m = ExpertMatrix.stacked(parts, n_expert, cols, kernels=self.kernels)
         for n in names:
             self._gguf.release(n)
-        return out
+        return m
 
     def row(self, name: str) -> ExactMatrix | None:
         """A 1-D weight as a one-row ExactMatrix (a product with it is one dot per token), or None."""
@@ -374,6 +363,10 @@ class DecoderModel:
         """The widths of one sequence's state in each recurrent layer, (conv r_dim, SSM s_dim) of the
         ``RecurrentPool`` beside the KV cache (llama.cpp's hybrid memory); None: no recurrent memory."""
         return None
+
+    # How the recurrent state's values are laid out where they differ from ggml's, named in slot files'
+    # fingerprints (a file of another layout is refused); None: ggml's.
+    state_layout: str | None = None
 
     def make_kv_cache(
         self,

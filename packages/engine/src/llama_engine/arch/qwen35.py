@@ -105,6 +105,8 @@ class Qwen35(DecoderModel):
 
     # -- memory and buffers ------------------------------------------------------------------------------
 
+    state_layout = "delta state [head, key, value]"  # ggml keeps [head, value, key] (layers.delta_net)
+
     def recurrent_rows(self) -> tuple[int, int]:
         """The delta-net layers' conv and delta state widths."""
         s = self.delta_shape

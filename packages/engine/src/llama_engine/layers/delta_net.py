@@ -11,8 +11,10 @@ beta = sigmoid(beta), the state S [head_k_dim, head_v_dim] absorbs each token in
     S *= exp(g);  d = (v - S^T k) * beta;  S += k d^T;  o = S^T q / sqrt(head_v_dim)
 
 ``o`` is RMS-normed per head (``ssm_norm``), gated by silu(z) and projected back by ``ssm_out``. The conv
-state [conv_dim, taps - 1] and the delta state [n_v_heads, head_v_dim, head_k_dim] (S transposed, as ggml
-keeps it) of each sequence live in the model memory's ``RecurrentPool`` (its conv and SSM slots).
+state [conv_dim, taps - 1] and the delta state [n_v_heads, head_k_dim, head_v_dim] (S itself; ggml keeps its
+transpose, whose rows are the sums' operands: here the sums of all value rows advance side by side over the
+key index, each in ggml's order, on whole vectors) of each sequence live in the model memory's
+``RecurrentPool`` (its conv and SSM slots).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
+from numba import prange
 
 from llama_quant.kernels import Activations, ExactMatrix
 
@@ -63,14 +66,14 @@ class DeltaNetShape:
 
     @property
     def ssm_state(self) -> int:
-        """A sequence's delta state: one [head_v_dim, head_k_dim] matrix per value head."""
+        """A sequence's delta state: one [head_k_dim, head_v_dim] matrix per value head."""
         return self.n_v_heads * self.head_v_dim * self.head_k_dim
 
 
 class DeltaNetBuffers:
     """The delta-net layers' scratch for up to ``n_batch`` tokens (shared by the layers)."""
 
-    __slots__ = ("alpha", "beta", "core", "n_batch", "qkv", "scratch", "y", "z")
+    __slots__ = ("alpha", "beta", "core", "mixed", "n_batch", "qkv", "y", "z")
 
     def __init__(self, n_batch: int, shape: DeltaNetShape) -> None:
         f32 = np.float32
@@ -80,10 +83,10 @@ class DeltaNetBuffers:
         self.beta = np.zeros((n_batch, shape.n_v_heads), f32)
         self.alpha = np.zeros((n_batch, shape.n_v_heads), f32)
         self.y = Activations(shape.value_dim, n_batch)  # the gated, normed output: ssm_out's input
-        # one token's convolved q | k | v, normed q | k, and the heads' delta-rule outputs and deltas
+        # each token's convolved q | k | v and normed q | k, and the heads' delta-rule outputs
         nk = shape.n_k_heads * shape.head_k_dim
-        self.scratch = np.zeros(shape.conv_dim + 2 * nk + shape.head_v_dim, f32)
-        self.core = np.zeros(shape.value_dim, f32)
+        self.mixed = np.zeros((n_batch, shape.conv_dim + 2 * nk), f32)
+        self.core = np.zeros((n_batch, shape.value_dim), f32)
 
 
 @dataclass(slots=True)
@@ -178,7 +181,7 @@ class DeltaNet:
             s.n_v_heads,
             s.n_taps,
             np.float32(model.config.rms_eps),
-            b.scratch,
+            b.mixed,
             b.core,
         )
         b.y.rows(n)
@@ -205,7 +208,7 @@ def _rms_scale(x, d, eps):  # type: ignore[no-untyped-def]
     return np.float32(1.0) / np.float32(math.sqrt(np.float32(acc / d) + eps))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def delta_net(  # type: ignore[no-untyped-def]
     y,
     qkv,
@@ -226,29 +229,28 @@ def delta_net(  # type: ignore[no-untyped-def]
     nv,
     taps,
     eps,
-    scratch,
+    mixed,
     core,
 ):
     """y[t] = ssm_norm(o) * silu(z) for each token t of state row rows[t], both states advanced.
 
     y, z: [n, nv * hv]; qkv: [n, conv_dim] (q | k | v); beta, alpha: [n, nv]; conv_state: [n_seq,
-    conv_dim * (taps - 1)], each channel's last inputs oldest first; ssm_state: [n_seq, nv * hv * hk], per
-    head the transposed state M[j, i] = S[i, j]; w: [conv_dim, taps]. Every sum runs in ggml's order: the
-    taps in float from the oldest input (ggml_ssm_conv), the state's dot products in double
-    (ggml_vec_dot_f32), the norms' squares in double."""
+    conv_dim * (taps - 1)], each channel's last inputs oldest first; ssm_state: [n_seq, nv * hk * hv], per
+    head the state S [hk, hv] row-major (ggml keeps its transpose; here a row of S is a vector of the
+    value dimension, so every step runs on whole vectors); w: [conv_dim, taps]; mixed: [>= n, conv_dim + 2
+    * nk * hk] and core [>= n, nv * hv] scratch. Every sum runs in ggml's order: the taps in float from the oldest
+    input (ggml_ssm_conv), the state's dot products in double (ggml_vec_dot_f32), the norms' squares in
+    double.
+
+    Four parallel passes, each over what is independent in it: the convolution per channel (its tokens in
+    order), the activation and q / k norms per token, the delta rule per value head (its tokens in order,
+    each on its own sequence's state), the output norm and gate per token."""
     cd = 2 * nk * hk + nv * hv
     dc = taps - 1
     one = np.float32(1.0)
-    conv = scratch[:cd]
-    qn = scratch[cd : cd + nk * hk]
-    kn = scratch[cd + nk * hk : cd + 2 * nk * hk]
-    delta = scratch[cd + 2 * nk * hk : cd + 2 * nk * hk + hv]
-    l2_eps = eps / np.float32(hk)  # build_gdn_l2_norm: rms_norm(x, eps / n) / sqrtf(n)
-    inv_sqrt_k = one / np.float32(math.sqrt(np.float32(hk)))
-    scale = one / np.float32(math.sqrt(np.float32(hv)))
-    for t in range(n):
-        st = conv_state[rows[t]]
-        for ch in range(cd):
+    for ch in prange(cd):  # the causal convolution, each channel through its tokens in order
+        for t in range(n):
+            st = conv_state[rows[t]]
             x = qkv[t, ch]
             base = ch * dc
             acc = np.float32(0.0)
@@ -259,8 +261,14 @@ def delta_net(  # type: ignore[no-untyped-def]
                 st[base + k] = st[base + k + 1]
             if dc > 0:
                 st[base + dc - 1] = x
-            conv[ch] = acc
+            mixed[t, ch] = acc
+    l2_eps = eps / np.float32(hk)  # build_gdn_l2_norm: rms_norm(x, eps / n) / sqrtf(n)
+    inv_sqrt_k = one / np.float32(math.sqrt(np.float32(hk)))
+    for t in prange(n):  # SiLU, then q and k L2-normed per key head (after the convolved row)
+        conv = mixed[t, :cd]
         _silu(conv, conv, cd)
+        qn = mixed[t, cd : cd + nk * hk]
+        kn = mixed[t, cd + nk * hk : cd + 2 * nk * hk]
         for h in range(nk):
             q = conv[h * hk : (h + 1) * hk]
             k = conv[(nk + h) * hk : (nk + h + 1) * hk]
@@ -269,37 +277,63 @@ def delta_net(  # type: ignore[no-untyped-def]
             for i in range(hk):
                 qn[h * hk + i] = (q[i] * sq) * inv_sqrt_k
                 kn[h * hk + i] = (k[i] * sk) * inv_sqrt_k
-        ss = ssm_state[rows[t]]
-        for h in range(nv):
-            kh = h % nk
-            qd = qn[kh * hk : (kh + 1) * hk]
-            kd = kn[kh * hk : (kh + 1) * hk]
-            v = conv[2 * nk * hk + h * hv : 2 * nk * hk + (h + 1) * hv]
+    scale = one / np.float32(math.sqrt(np.float32(hv)))
+    for h in prange(nv):  # the delta rule, each value head through its tokens in order
+        sums = np.empty(hv, np.float64)  # every row's sum, in double as ggml_vec_dot_f32's
+        delta = np.empty(hv, np.float32)
+        kh = h % nk
+        for t in range(n):
+            qd = mixed[t, cd + kh * hk : cd + (kh + 1) * hk]
+            kd = mixed[t, cd + (nk + kh) * hk : cd + (nk + kh + 1) * hk]
+            v = mixed[t, 2 * nk * hk + h * hv : 2 * nk * hk + (h + 1) * hv]
             xa = alpha[t, h] + dt_bias[h]
             sp = xa if xa > np.float32(20.0) else np.float32(math.log(one + np.float32(math.exp(xa))))
             eg = np.float32(math.exp(sp * a[h]))
             bt = one / (one + np.float32(math.exp(-beta[t, h])))
-            m = ss[h * hv * hk : (h + 1) * hv * hk]
-            for i in range(hv * hk):
-                m[i] *= eg
-            for j in range(hv):
-                dot = 0.0
-                for i in range(hk):
-                    dot += np.float64(m[j * hk + i] * kd[i])
-                delta[j] = (v[j] - np.float32(dot)) * bt
-            for j in range(hv):
-                dj = delta[j]
-                for i in range(hk):
-                    m[j * hk + i] += kd[i] * dj
-            for j in range(hv):
-                dot = 0.0
-                for i in range(hk):
-                    dot += np.float64(m[j * hk + i] * qd[i])
-                core[h * hv + j] = np.float32(dot) * scale
+            m = ssm_state[rows[t], h * hk * hv : (h + 1) * hk * hv]  # S[i, j] at i * hv + j
+            _delta_rule(m, kd, qd, v, eg, bt, scale, sums, delta, core[t, h * hv : (h + 1) * hv], hk, hv)
+    for t in prange(n):  # per head: RMS norm, ssm_norm's weight, silu(z)
         for h in range(nv):
-            o = core[h * hv : (h + 1) * hv]
+            o = core[t, h * hv : (h + 1) * hv]
             yo = y[t, h * hv : (h + 1) * hv]
             _silu(yo, z[t, h * hv : (h + 1) * hv], hv)  # the gate's rows are one head wide
             sc = _rms_scale(o, hv, eps)
             for j in range(hv):
                 yo[j] = ((o[j] * sc) * norm[j]) * yo[j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _delta_rule(m, kd, qd, v, eg, bt, scale, acc, delta, out, hk, hv):  # type: ignore[no-untyped-def]
+    """One head's state S (m: [hk * hv], row-major) absorbs a token: S *= eg; delta = (v - S^T k) * bt;
+    S += k delta^T; out = S^T q * scale. The sums over i run in order, all rows j side by side (a function
+    of its own, not inlined: compiled alone, its loops are vectorized)."""
+    for j in range(hv):
+        acc[j] = 0.0
+    for i in range(hk):
+        _decay_dot(m[i * hv : (i + 1) * hv], eg, kd[i], acc)
+    for j in range(hv):
+        delta[j] = (v[j] - np.float32(acc[j])) * bt
+        acc[j] = 0.0
+    for i in range(hk):
+        _update_dot(m[i * hv : (i + 1) * hv], kd[i], delta, qd[i], acc)
+    for j in range(hv):
+        out[j] = np.float32(acc[j]) * scale
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _decay_dot(row, eg, ki, acc):  # type: ignore[no-untyped-def]
+    """row *= eg; acc += double(row * ki), element by element (a loop LLVM vectorizes: the indices are the
+    loop's own)."""
+    for j in range(row.shape[0]):
+        x = row[j] * eg
+        row[j] = x
+        acc[j] += np.float64(x * ki)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _update_dot(row, ki, delta, qi, acc):  # type: ignore[no-untyped-def]
+    """row += ki * delta; acc += double(row * qi), element by element."""
+    for j in range(row.shape[0]):
+        x = row[j] + ki * delta[j]
+        row[j] = x
+        acc[j] += np.float64(x * qi)

@@ -5,8 +5,9 @@ or softmax over the chosen ones) turns the scores into probabilities, the top ``
 chosen as ggml_argsort orders them, and their probabilities, optionally normalised to sum 1 and scaled,
 weigh the chosen experts' SwiGLU FFNs. The expert tensors ``ffn_{gate,up,down}_exps`` are 3-D
 ([n_expert] x a 2-D matrix in the file); each expert's slice is one ExactMatrix, its gate and up stacked
-into one where they run one kernel. A batch is grouped by expert (ggml_mul_mat_id's row lists): each
-chosen expert's weights are read once per step, for all the tokens that chose it, and every product
+into one where they run one kernel, all experts in one ``ExpertMatrix``. A batch is grouped by expert
+(ggml_mul_mat_id's row lists): each chosen expert's weights are read once per step, for all the tokens
+that chose it (one launch for every chosen expert where the type has a grouped kernel), and every product
 row is the number a single token gets. Optional shared experts (``ffn_{gate,up,down}_shexp``) run on
 every token and are added after the routed ones, gated by ``ffn_gate_inp_shexp`` where the file has it.
 
@@ -26,10 +27,10 @@ import numba
 import numpy as np
 
 from gguf_io import ModelHeader
-from llama_quant.kernels import Activations, ExactMatrix
+from llama_quant.kernels import Activations, ExactMatrix, ExpertMatrix
 
 from .. import ops
-from .routing import Gating, gather_rows, group_by_expert, route, scatter_rows, weighted_sum
+from .routing import Gating, group_by_expert, route, weighted_sum
 
 if TYPE_CHECKING:
     from ..arch.base import DecoderModel
@@ -70,7 +71,6 @@ class MoEBuffers:
 
     __slots__ = (
         "active",
-        "down",
         "experts",
         "gate",
         "glu",
@@ -81,6 +81,8 @@ class MoEBuffers:
         "order",
         "pairs",
         "probs",
+        "scratch_ff",
+        "scratch_in",
         "selected",
         "sh_gate",
         "sh_glu",
@@ -89,11 +91,17 @@ class MoEBuffers:
         "sh_silu",
         "up",
         "weights",
-        "xin",
     )
 
     def __init__(
-        self, n_batch: int, n_embd: int, cfg: MoEConfig, n_ff: int, n_ff_shared: int, split: bool
+        self,
+        n_batch: int,
+        n_embd: int,
+        cfg: MoEConfig,
+        n_ff: int,
+        n_ff_shared: int,
+        split: bool,
+        grouped: bool,
     ) -> None:
         f32, n, e, k = np.float32, n_batch, cfg.n_expert, cfg.n_expert_used
         self.logits = np.zeros((n, e), f32)  # the router's scores
@@ -104,13 +112,18 @@ class MoEBuffers:
         self.offsets = np.zeros(e + 1, np.int64)  # expert e's pairs: pairs[offsets[e]:offsets[e + 1]]
         self.pairs = np.zeros(n * k, np.int64)  # token * k + slot, grouped by expert
         self.active = np.zeros(e, np.int64)  # the experts chosen by any token this step
-        self.xin = Activations(n_embd, n)  # one expert's tokens' input rows
-        self.gu = np.zeros((n, 0 if split else 2 * n_ff), f32)  # [gate | up] of one expert's tokens
-        self.gate = np.zeros((n, n_ff if split else 0), f32)
-        self.up = np.zeros((n, n_ff if split else 0), f32)
-        self.glu = Activations(n_ff, n)
-        self.down = np.zeros((n, n_embd), f32)  # one expert's outputs
-        self.experts = np.zeros((n * k, n_embd), f32)  # every (token, slot)'s expert output
+        nk = n * k  # a row per (token, slot) pair
+        self.gu = np.zeros((nk, 0 if split else 2 * n_ff), f32)  # [gate | up] of every pair
+        self.gate = np.zeros((nk, n_ff if split else 0), f32)
+        self.up = np.zeros((nk, n_ff if split else 0), f32)
+        self.glu = Activations(n_ff, nk)
+        self.experts = np.zeros((nk, n_embd), f32)  # every pair's expert output
+        # one expert's tokens at a time, for the expert types without a grouped kernel
+        self.scratch_in: tuple[Activations, np.ndarray] | None = None
+        self.scratch_ff: tuple[Activations, np.ndarray] | None = None
+        if not grouped:
+            self.scratch_in = Activations(n_embd, n), np.zeros((n, n_ff if split else 2 * n_ff), f32)
+            self.scratch_ff = Activations(n_ff, n), np.zeros((n, n_embd), f32)
         self.sh_gu = np.zeros((n, 2 * n_ff_shared), f32)  # the shared expert's [gate | up]
         self.sh_glu = Activations(n_ff_shared, n)
         self.sh_out = np.zeros((n, n_embd if n_ff_shared else 0), f32)
@@ -125,10 +138,10 @@ class MoE:
 
     config: MoEConfig
     router: ExactMatrix  # [n_expert, n_embd]: ffn_gate_inp
-    gate_up: list[ExactMatrix] | None  # per expert [2 * n_ff, n_embd]: [gate | up] stacked
-    gate: list[ExactMatrix] | None  # per expert [n_ff, n_embd], when gate and up do not stack
-    up: list[ExactMatrix] | None
-    down: list[ExactMatrix]  # per expert [n_embd, n_ff]
+    gate_up: ExpertMatrix | None  # per expert [2 * n_ff, n_embd]: [gate | up] stacked
+    gate: ExpertMatrix | None  # per expert [n_ff, n_embd], when gate and up do not stack
+    up: ExpertMatrix | None
+    down: ExpertMatrix  # per expert [n_embd, n_ff]
     shared: ExactMatrix | None = None  # [2 * n_ff_shared, n_embd]: the shared expert's [gate | up]
     shared_down: ExactMatrix | None = None  # [n_embd, n_ff_shared]
     shared_gate: ExactMatrix | None = None  # [1, n_embd]: ffn_gate_inp_shexp
@@ -159,7 +172,7 @@ class MoE:
             raise ValueError(
                 f"layer {il}'s shared expert lacks ffn_gate_shexp, ffn_up_shexp or ffn_down_shexp"
             )
-        n_ff, n_embd = down[0].cols, down[0].rows
+        n_ff, n_embd = down.cols, down.rows
         return cls(
             cfg,
             router,
@@ -178,16 +191,17 @@ class MoE:
 
     @property
     def n_ff(self) -> int:
-        return self.down[0].cols
+        return self.down.cols
 
     @property
     def n_ff_shared(self) -> int:
         return 0 if self.shared_down is None else self.shared_down.cols
 
     @property
-    def layout(self) -> tuple[MoEConfig, int, int, bool]:
+    def layout(self) -> tuple[MoEConfig, int, int, bool, bool]:
         """What the layer's buffers depend on: layers of one layout share one ``MoEBuffers``."""
-        return self.config, self.n_ff, self.n_ff_shared, self.gate_up is None
+        mats = [self.down, *(m for m in (self.gate_up, self.gate, self.up) if m is not None)]
+        return self.config, self.n_ff, self.n_ff_shared, self.gate_up is None, all(m.grouped for m in mats)
 
     def buffers(self, n_batch: int, n_embd: int) -> MoEBuffers:
         return MoEBuffers(n_batch, n_embd, *self.layout)
@@ -216,57 +230,33 @@ class MoE:
             np.float32(cfg.weights_scale),
         )
         m = group_by_expert(b.selected, n, k, cfg.n_expert, b.offsets, b.pairs, b.active)
-        for j in range(m):
-            self._expert(b, int(b.active[j]), h.x, k)
+        grouping = (b.pairs, b.offsets, b.active, m)
+        nk, n_ff = n * k, self.n_ff
+        if self.gate_up is not None:  # every pair's [gate | up], each expert once for its tokens
+            self.gate_up.matmul(h, b.gu, *grouping, k, b.scratch_in)
+            gate, up, up_col = b.gu, b.gu, n_ff
+        else:
+            assert self.gate is not None and self.up is not None
+            self.gate.matmul(h, b.gate, *grouping, k, b.scratch_in)
+            self.up.matmul(h, b.up, *grouping, k, b.scratch_in)
+            gate, up, up_col = b.gate, b.up, 0
+        chosen = b.selected[:n].reshape(nk)  # pair t * k + i's expert
+        if self.up_bias is not None:  # ffn_moe_up_biased, then ffn_moe_gate_biased (ggml_add_id)
+            up[:nk, up_col : up_col + n_ff] += self.up_bias[chosen]
+        if self.gate_bias is not None:
+            gate[:nk, :n_ff] += self.gate_bias[chosen]
+        if cfg.activation == "swiglu_oai":
+            alpha, limit = np.float32(OAI_ALPHA), np.float32(OAI_LIMIT)
+            swiglu_oai(b.glu.x, gate, up, nk, n_ff, 0, up_col, alpha, limit)
+        else:
+            ops.swiglu(b.glu.x, gate, up, nk, n_ff, 0, up_col)
+        b.glu.rows(nk)
+        self.down.matmul(b.glu, b.experts, *grouping, 1, b.scratch_ff)
+        if self.down_bias is not None:
+            b.experts[:nk] += self.down_bias[chosen]
         weighted_sum(ws.o, b.experts, b.weights, n, k, d)
         if self.shared is not None:
             self._shared(b, ws, n)
-
-    def _expert(self, b: MoEBuffers, e: int, x: np.ndarray, k: int) -> None:
-        """Expert ``e`` on the rows of the tokens that chose it, into their (token, slot) rows of
-        ``b.experts``."""
-        lo, hi = int(b.offsets[e]), int(b.offsets[e + 1])
-        m, n_ff = hi - lo, self.n_ff
-        gather_rows(b.xin.x, x, b.pairs, lo, hi, k)
-        b.xin.rows(m)
-        if self.gate_up is not None:
-            self.gate_up[e].matmul(b.xin, out=b.gu[:m])
-            self._activate(b.glu.x, b.gu[:m, :n_ff], b.gu[:m, n_ff:], b.gu, b.gu, e, m, 0, n_ff)
-        else:
-            assert self.gate is not None and self.up is not None
-            self.gate[e].matmul(b.xin, out=b.gate[:m])
-            self.up[e].matmul(b.xin, out=b.up[:m])
-            self._activate(b.glu.x, b.gate[:m], b.up[:m], b.gate, b.up, e, m, 0, 0)
-        b.glu.rows(m)
-        self.down[e].matmul(b.glu, out=b.down[:m])
-        if self.down_bias is not None:
-            np.add(b.down[:m], self.down_bias[e], out=b.down[:m])
-        scatter_rows(b.experts, b.down, b.pairs, lo, hi)
-
-    def _activate(
-        self,
-        out: np.ndarray,
-        gate_rows: np.ndarray,
-        up_rows: np.ndarray,
-        gate: np.ndarray,
-        up: np.ndarray,
-        e: int,
-        m: int,
-        gate_col: int,
-        up_col: int,
-    ) -> None:
-        """Expert ``e``'s biases added to its gate and up products (``gate_rows``, ``up_rows``: views of the
-        first m rows of ``gate`` / ``up`` at their columns), then the GLU of the m rows into ``out``."""
-        n_ff = self.n_ff
-        if self.up_bias is not None:  # ffn_moe_up_biased, then ffn_moe_gate_biased (ggml_add_id)
-            np.add(up_rows, self.up_bias[e], out=up_rows)
-        if self.gate_bias is not None:
-            np.add(gate_rows, self.gate_bias[e], out=gate_rows)
-        if self.config.activation == "swiglu_oai":
-            alpha, limit = np.float32(OAI_ALPHA), np.float32(OAI_LIMIT)
-            swiglu_oai(out, gate, up, m, n_ff, gate_col, up_col, alpha, limit)
-        else:
-            ops.swiglu(out, gate, up, m, n_ff, gate_col, up_col)
 
     def _shared(self, b: MoEBuffers, ws: Workspace, n: int) -> None:
         """ws.o += the shared expert's FFN, times silu(g) / g of its gate's logit g where it has one

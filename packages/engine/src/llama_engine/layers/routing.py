@@ -24,10 +24,8 @@ from ..ops.expf import expf_in_range, expf_main, expf_sse2
 __all__ = [
     "WEIGHTS_SUM_MIN",
     "Gating",
-    "gather_rows",
     "group_by_expert",
     "route",
-    "scatter_rows",
     "stl_sort_desc",
     "weighted_sum",
 ]
@@ -290,24 +288,6 @@ def group_by_expert(selected, n, k, n_expert, offsets, pairs, active):  # type: 
         offsets[e] = offsets[e - 1]
     offsets[0] = 0
     return m
-
-
-@numba.njit(cache=True, nogil=True)
-def gather_rows(out, x, pairs, lo, hi, k):  # type: ignore[no-untyped-def]
-    """out[j - lo] = x[pairs[j] // k] for lo <= j < hi: one expert's input rows."""
-    for j in range(lo, hi):
-        src, dst = x[pairs[j] // k], out[j - lo]
-        for c in range(len(src)):
-            dst[c] = src[c]
-
-
-@numba.njit(cache=True, nogil=True)
-def scatter_rows(out, y, pairs, lo, hi):  # type: ignore[no-untyped-def]
-    """out[pairs[j]] = y[j - lo] for lo <= j < hi: one expert's outputs to their (token, slot) rows."""
-    for j in range(lo, hi):
-        src, dst = y[j - lo], out[pairs[j]]
-        for c in range(len(dst)):
-            dst[c] = src[c]
 
 
 @numba.njit(cache=True, nogil=True)

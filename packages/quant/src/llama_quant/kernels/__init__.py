@@ -4,7 +4,8 @@
 quantized exactly as ggml does (Q8_0, Q8_1, Q8_K, F16, BF16 per weight type) and every output element is
 ggml's generic ``vec_dot`` with its float operations in its order. The kernels come from a kernel set
 (``llama_quant.cpu.KernelSet``) chosen when the matrix is built. ``Activations`` (or
-``ExactMatrix.quantize_input``) converts an input once for several matrices. ``warmup()`` compiles (or loads
+``ExactMatrix.quantize_input``) converts an input once for several matrices. ``ExpertMatrix`` holds a
+mixture-of-experts weight's experts and multiplies each expert by its own tokens (ggml's mul_mat_id). ``warmup()`` compiles (or loads
 from numba's cache) every kernel. Plain-numpy references live in
 ``llama_quant.kernels.ref``. ``release_worker_threads()`` ends numba's worker threads (before a fork).
 """
@@ -14,10 +15,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..cpu import KernelSet
+from .experts import ExpertMatrix
 from .matrix import SUPPORTED_TYPES, Activations, ExactMatrix
 from .threads import release_worker_threads
 
-__all__ = ["SUPPORTED_TYPES", "Activations", "ExactMatrix", "release_worker_threads", "warmup"]
+__all__ = [
+    "SUPPORTED_TYPES",
+    "Activations",
+    "ExactMatrix",
+    "ExpertMatrix",
+    "release_worker_threads",
+    "warmup",
+]
 
 
 def warmup(kernels: KernelSet | None = None) -> None:

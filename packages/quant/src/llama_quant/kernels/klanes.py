@@ -26,7 +26,7 @@ from ._ir import I16, IR, V8I32, V16I8, V16I16, V16I32, V32I8, V32I16, V64I8, ni
 from ._tiles import spread_tokens
 from .kquants import _finish, _float_step, _min_sums
 
-__all__ = ["k_pair_layout", "mm_k256", "mm_k512"]
+__all__ = ["k_pair_layout", "mm_k256", "mm_k256_experts", "mm_k512", "mm_k512_experts"]
 
 # Bytes of a K-type tile prefetched ahead of the first token's reads (``IR.prefetch``). Measured on cold
 # weights: Q6_K 16 -> 25-33 GB/s, Q4_K 23 -> 25-31 GB/s (4096 x 4096), +20-50% on Gemma 3's 640-row
@@ -296,8 +296,29 @@ def mm_k256(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma:
     """out[n, rows] for Q6_K (q6) or Q4_K against Q8_K activations, on 256-bit vectors (AVX2); the tiles in
     ``k_pair_layout``, the activations as ``kquants.mv_k8`` / ``kquants.mv_q4k``."""
     xw, bx = _k_words(xq, n, nsb, q6)
+    every = np.empty(0, np.int64)
     for g in prange(q.shape[0]):
-        _k_tile(out, q[g], sc[g], mn[g], d[g], dmin[g], xw, bx, xd, xsum, n, rows, nsb, g, q6, 256)
+        _k_tile(
+            out,
+            q[g],
+            sc[g],
+            mn[g],
+            d[g],
+            dmin[g],
+            xw,
+            bx,
+            xd,
+            xsum,
+            every,
+            0,
+            n,
+            0,
+            g * 64,
+            rows,
+            nsb,
+            q6,
+            256,
+        )
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -306,8 +327,100 @@ def mm_k512(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma:
     not a flag: numba's cache keys a function by its name and argument types, so each width is its own
     compiled (and cached) kernel, and the 256-bit one never holds a 512-bit instruction."""
     xw, bx = _k_words(xq, n, nsb, q6)
+    every = np.empty(0, np.int64)
     for g in prange(q.shape[0]):
-        _k_tile(out, q[g], sc[g], mn[g], d[g], dmin[g], xw, bx, xd, xsum, n, rows, nsb, g, q6, 512)
+        _k_tile(
+            out,
+            q[g],
+            sc[g],
+            mn[g],
+            d[g],
+            dmin[g],
+            xw,
+            bx,
+            xd,
+            xsum,
+            every,
+            0,
+            n,
+            0,
+            g * 64,
+            rows,
+            nsb,
+            q6,
+            512,
+        )
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def mm_k256_experts(
+    out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6, pairs, offsets, active, m, div
+):  # pragma: no cover - numba
+    """Experts stacked in one matrix, each ``rows`` rows padded to whole tiles: for every active expert
+    e = active[s] (s < m) and each of its pairs p = pairs[offsets[e]:offsets[e + 1]], out[p, :rows] =
+    expert e's rows times activation row p // div (ggml_mul_mat_id). One launch for all experts' tiles;
+    each product is the number ``mm_k256`` gives."""
+    xw, bx = _k_words(xq, n, nsb, q6)
+    te = (rows + 63) // 64
+    for w in prange(m * te):
+        e, j = active[w // te], w % te
+        g = e * te + j
+        lo, hi = offsets[e], offsets[e + 1]
+        _k_tile(
+            out,
+            q[g],
+            sc[g],
+            mn[g],
+            d[g],
+            dmin[g],
+            xw,
+            bx,
+            xd,
+            xsum,
+            pairs,
+            lo,
+            hi,
+            div,
+            j * 64,
+            rows,
+            nsb,
+            q6,
+            256,
+        )
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def mm_k512_experts(
+    out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6, pairs, offsets, active, m, div
+):  # pragma: no cover - numba
+    """``mm_k256_experts`` on 512-bit vectors."""
+    xw, bx = _k_words(xq, n, nsb, q6)
+    te = (rows + 63) // 64
+    for w in prange(m * te):
+        e, j = active[w // te], w % te
+        g = e * te + j
+        lo, hi = offsets[e], offsets[e + 1]
+        _k_tile(
+            out,
+            q[g],
+            sc[g],
+            mn[g],
+            d[g],
+            dmin[g],
+            xw,
+            bx,
+            xd,
+            xsum,
+            pairs,
+            lo,
+            hi,
+            div,
+            j * 64,
+            rows,
+            nsb,
+            q6,
+            512,
+        )
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -329,21 +442,27 @@ def _k_activation_words(words, xq, t0, t1, nsb):  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _k_tile(out, u, scl, mn, d, dmin, xw, bx, xd, xsum, n, rows, nsb, g, q6, bits):  # pragma: no cover
-    """Every token against tile g: the lane kernels of width ``bits``, then ``kquants``' float steps."""
+def _k_tile(
+    out, u, scl, mn, d, dmin, xw, bx, xd, xsum, pairs, lo, hi, div, r0, rows, nsb, q6, bits
+):  # pragma: no cover
+    """Tokens against one tile (its rows r0.. of ``rows``): the lane kernels of width ``bits``, then
+    ``kquants``' float steps. div 0: tokens lo..hi-1 into the same output rows; else pairs[lo:hi] name
+    the output rows, each reading activation row pair // div."""
     kind = 0 if q6 else 1
     y = np.empty(64, np.float32)
     sums = np.empty(8 * 64, np.float32)
     aux = np.empty(8 * 64, np.int32)
     isc = np.empty(64, np.int32)
-    for t in range(n):
+    for i in range(lo, hi):
+        dst = i if div == 0 else pairs[i]
+        t = i if div == 0 else dst // div
         xt = xw[t]
         bt = bx[t]
-        ahead = _AHEAD if t == 0 else 0  # later tokens find the tile in cache
+        ahead = _AHEAD if i == lo else 0  # later tokens find the tile in cache
         for k in range(64):
             y[k] = float32(0.0)
-        for i in range(8 * 64):
-            sums[i] = float32(0.0)
+        for k in range(8 * 64):
+            sums[k] = float32(0.0)
         for s in range(nsb):
             for lane in range(8):
                 o = (s * 8 + lane) * 8
@@ -356,6 +475,5 @@ def _k_tile(out, u, scl, mn, d, dmin, xw, bx, xd, xsum, n, rows, nsb, g, q6, bit
                 _min_sums(isc, mn, xsum[t], uint64(s), uint64(64), 8)
             _float_step(y, sums, aux, isc, d, dmin, xd[t, s], uint64(s), uint64(64), kind)
         _finish(y, sums, uint64(64), kind)
-        r0 = g * 64
         for k in range(min(64, rows - r0)):
-            out[t, r0 + k] = y[k]
+            out[dst, r0 + k] = y[k]

@@ -133,6 +133,9 @@ class _Spec:
     fmt: str  # Activations format
     pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]]
     run: Callable[..., None]  # (arrays, out, acts tuple, n, rows, nb)
+    # experts stacked by whole tiles, one launch for all (``ExpertMatrix``):
+    # (arrays, out, acts tuple, n, rows per expert, nb, pairs, offsets, active, m, div); None: one run each
+    run_experts: Callable[..., None] | None = None
 
 
 def _q4(name: str, ks: KernelSet) -> _Spec:
@@ -236,8 +239,17 @@ def _k(qtype: T, bb: int, ks: KernelSet) -> _Spec:
     vectors under AVX2, 512-bit under AVX-512) for every token count; the rest run ``kquants``."""
     if qtype in (T.Q4_K, T.Q6_K) and ks is not KernelSet.PORTABLE:
         pk = lambda raw, r, c: klanes.k_pair_layout(qtype, kquants.pack(qtype, raw, r, c), c // 256)  # noqa: E731
-        mm, q6 = (klanes.mm_k512 if ks >= KernelSet.AVX512 else klanes.mm_k256), qtype == T.Q6_K
-        return _Spec(256, bb, "q8k", pk, lambda a, o, x, n, r, nb: mm(o, *a, *x, n, r, nb, q6))  # type: ignore[call-arg]
+        wide, q6 = ks >= KernelSet.AVX512, qtype == T.Q6_K
+        mm = klanes.mm_k512 if wide else klanes.mm_k256
+        mx = klanes.mm_k512_experts if wide else klanes.mm_k256_experts
+        return _Spec(
+            256,
+            bb,
+            "q8k",
+            pk,
+            lambda a, o, x, n, r, nb: mm(o, *a, *x, n, r, nb, q6),  # type: ignore[call-arg]
+            lambda a, o, x, n, r, nb, *grouping: mx(o, *a, *x, n, r, nb, q6, *grouping),  # type: ignore[call-arg]
+        )
     pk = lambda raw, r, c: kquants.pack(qtype, raw, r, c)  # noqa: E731
     kind = kquants.KIND[qtype]
     if qtype == T.Q4_K:
