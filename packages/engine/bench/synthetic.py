@@ -105,17 +105,18 @@ def _tensors(w: GGUFWriter, rng: np.random.Generator) -> tuple[Callable[..., Non
     return mat, vec
 
 
-def _write_qwen3moe(path: Path) -> None:
-    c = QWEN3MOE
-    rng = np.random.default_rng(0)
+def _start(
+    arch: str, path: Path, c: dict[str, int], extra: dict[str, int], rope_base: float
+) -> tuple[GGUFWriter, Callable[..., None], Callable[..., None]]:
+    """A writer of ``arch`` with the hyperparameters both models share (and ``extra``), the tokenizer, the
+    embeddings, the output norm and the output matrix; its ``mat`` and ``vec`` for the layers."""
     w = GGUFWriter(path)
-    a = "qwen3moe."
-    w.add_metadata("general.architecture", "qwen3moe")
-    w.add_metadata("general.name", "bench-qwen3moe")
-    d, hd, nl = c["n_embd"], c["head_dim"], c["n_layer"]
-    for key, value in {
-        "block_count": nl,
-        "context_length": 40960,
+    a = arch + "."
+    w.add_metadata("general.architecture", arch)
+    w.add_metadata("general.name", f"bench-{arch}")
+    d, hd = c["n_embd"], c["head_dim"]
+    keys = {
+        "block_count": c["n_layer"],
         "embedding_length": d,
         "feed_forward_length": 3 * d,
         "attention.head_count": c["n_head"],
@@ -126,17 +127,34 @@ def _write_qwen3moe(path: Path) -> None:
         "expert_count": c["n_expert"],
         "expert_used_count": c["n_expert_used"],
         "expert_feed_forward_length": c["n_ff_exp"],
-    }.items():
+    }
+    for key, value in {**keys, **extra}.items():
         w.add_metadata(a + key, value, U32)
     w.add_metadata(a + "attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_metadata(a + "rope.freq_base", 1000000.0)
+    w.add_metadata(a + "rope.freq_base", rope_base)
     _tokenizer(w)
-    mat, vec = _tensors(w, rng)
+    mat, vec = _tensors(w, np.random.default_rng(0))
     mat("token_embd.weight", N_VOCAB, d, scale=1.0)
     vec("output_norm.weight", d)
     mat("output.weight", N_VOCAB, d)
-    q_dim, kv_dim, ne, ff = c["n_head"] * hd, c["n_head_kv"] * hd, c["n_expert"], c["n_ff_exp"]
-    for il in range(nl):
+    return w, mat, vec
+
+
+def _experts(mat: Callable[..., None], p: str, d: int, c: dict[str, int]) -> None:
+    """A layer's router and routed experts."""
+    ne, ff = c["n_expert"], c["n_ff_exp"]
+    mat(p + "ffn_gate_inp.weight", ne, d, scale=1.0)
+    mat(p + "ffn_gate_exps.weight", ff, d, ne)
+    mat(p + "ffn_up_exps.weight", ff, d, ne)
+    mat(p + "ffn_down_exps.weight", d, ff, ne)
+
+
+def _write_qwen3moe(path: Path) -> None:
+    c = QWEN3MOE
+    w, mat, vec = _start("qwen3moe", path, c, {"context_length": 40960}, 1000000.0)
+    d, hd = c["n_embd"], c["head_dim"]
+    q_dim, kv_dim = c["n_head"] * hd, c["n_head_kv"] * hd
+    for il in range(c["n_layer"]):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", d)
         mat(p + "attn_q.weight", q_dim, d)
@@ -146,57 +164,32 @@ def _write_qwen3moe(path: Path) -> None:
         vec(p + "attn_k_norm.weight", hd)
         mat(p + "attn_output.weight", d, q_dim)
         vec(p + "ffn_norm.weight", d)
-        mat(p + "ffn_gate_inp.weight", ne, d, scale=1.0)
-        mat(p + "ffn_gate_exps.weight", ff, d, ne)
-        mat(p + "ffn_up_exps.weight", ff, d, ne)
-        mat(p + "ffn_down_exps.weight", d, ff, ne)
+        _experts(mat, p, d, c)
     w.finish()
 
 
 def _write_qwen35moe(path: Path) -> None:
     c = QWEN35MOE
-    rng = np.random.default_rng(0)
-    w = GGUFWriter(path)
-    a = "qwen35moe."
-    w.add_metadata("general.architecture", "qwen35moe")
-    w.add_metadata("general.name", "bench-qwen35moe")
-    d, hd, nl = c["n_embd"], c["head_dim"], c["n_layer"]
     groups, v_heads, state, taps = c["ssm_groups"], c["ssm_v_heads"], c["ssm_state"], c["ssm_taps"]
-    for key, value in {
-        "block_count": nl,
+    d, hd = c["n_embd"], c["head_dim"]
+    extra = {
         "context_length": 262144,
-        "embedding_length": d,
-        "feed_forward_length": 3 * d,
-        "attention.head_count": c["n_head"],
-        "attention.head_count_kv": c["n_head_kv"],
-        "attention.key_length": hd,
-        "attention.value_length": hd,
         "rope.dimension_count": hd // 4,
-        "vocab_size": N_VOCAB,
         "full_attention_interval": c["interval"],
         "ssm.conv_kernel": taps,
         "ssm.state_size": state,
         "ssm.group_count": groups,
         "ssm.time_step_rank": v_heads,
         "ssm.inner_size": v_heads * state,
-        "expert_count": c["n_expert"],
-        "expert_used_count": c["n_expert_used"],
-        "expert_feed_forward_length": c["n_ff_exp"],
         "expert_shared_feed_forward_length": c["n_ff_shexp"],
-    }.items():
-        w.add_metadata(a + key, value, U32)
-    w.add_metadata(a + "rope.dimension_sections", np.array([11, 11, 10, 0], np.int32))
-    w.add_metadata(a + "attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_metadata(a + "rope.freq_base", 10000000.0)
-    _tokenizer(w)
-    mat, vec = _tensors(w, rng)
-    mat("token_embd.weight", N_VOCAB, d, scale=1.0)
-    vec("output_norm.weight", d)
-    mat("output.weight", N_VOCAB, d)
+    }
+    w, mat, vec = _start("qwen35moe", path, c, extra, 10000000.0)
+    w.add_metadata("qwen35moe.rope.dimension_sections", np.array([11, 11, 10, 0], np.int32))
+    rng = np.random.default_rng(1)
     key_dim, value_dim = groups * state, v_heads * state
     conv_dim = 2 * key_dim + value_dim
-    ne, ff, ffs = c["n_expert"], c["n_ff_exp"], c["n_ff_shexp"]
-    for il in range(nl):
+    ffs = c["n_ff_shexp"]
+    for il in range(c["n_layer"]):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", d)
         vec(p + "post_attention_norm.weight", d)
@@ -218,10 +211,7 @@ def _write_qwen35moe(path: Path) -> None:
             vec(p + "ssm_a", v_heads, -0.5, 0.3)  # -exp(A_log)
             vec(p + "ssm_norm.weight", state)
             mat(p + "ssm_out.weight", d, value_dim)
-        mat(p + "ffn_gate_inp.weight", ne, d, scale=1.0)
-        mat(p + "ffn_gate_exps.weight", ff, d, ne)
-        mat(p + "ffn_up_exps.weight", ff, d, ne)
-        mat(p + "ffn_down_exps.weight", d, ff, ne)
+        _experts(mat, p, d, c)
         vec(p + "ffn_gate_inp_shexp.weight", d, 0.0, 0.3)
         mat(p + "ffn_gate_shexp.weight", ffs, d)
         mat(p + "ffn_up_shexp.weight", ffs, d)

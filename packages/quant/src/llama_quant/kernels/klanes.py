@@ -363,29 +363,8 @@ def mm_k256_experts(
     xw, bx = _k_words(xq, n, nsb, q6)
     te = (rows + 63) // 64
     for w in prange(m * te):
-        e, j = active[w // te], w % te
-        g = e * te + j
-        lo, hi = offsets[e], offsets[e + 1]
-        _k_tile(
-            out,
-            q[g],
-            sc[g],
-            mn[g],
-            d[g],
-            dmin[g],
-            xw,
-            bx,
-            xd,
-            xsum,
-            pairs,
-            lo,
-            hi,
-            div,
-            j * 64,
-            rows,
-            nsb,
-            q6,
-            256,
+        _expert_tile(
+            out, q, sc, mn, d, dmin, xw, bx, xd, xsum, rows, nsb, q6, pairs, offsets, active, div, te, w, 256
         )
 
 
@@ -397,30 +376,40 @@ def mm_k512_experts(
     xw, bx = _k_words(xq, n, nsb, q6)
     te = (rows + 63) // 64
     for w in prange(m * te):
-        e, j = active[w // te], w % te
-        g = e * te + j
-        lo, hi = offsets[e], offsets[e + 1]
-        _k_tile(
-            out,
-            q[g],
-            sc[g],
-            mn[g],
-            d[g],
-            dmin[g],
-            xw,
-            bx,
-            xd,
-            xsum,
-            pairs,
-            lo,
-            hi,
-            div,
-            j * 64,
-            rows,
-            nsb,
-            q6,
-            512,
+        _expert_tile(
+            out, q, sc, mn, d, dmin, xw, bx, xd, xsum, rows, nsb, q6, pairs, offsets, active, div, te, w, 512
         )
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _expert_tile(
+    out, q, sc, mn, d, dmin, xw, bx, xd, xsum, rows, nsb, q6, pairs, offsets, active, div, te, w, bits
+):  # pragma: no cover
+    """Work item w of a grouped product: tile w % te of the active expert w // te, for its pairs."""
+    e, j = active[w // te], w % te
+    g = e * te + j
+    lo, hi = offsets[e], offsets[e + 1]
+    _k_tile(
+        out,
+        q[g],
+        sc[g],
+        mn[g],
+        d[g],
+        dmin[g],
+        xw,
+        bx,
+        xd,
+        xsum,
+        pairs,
+        lo,
+        hi,
+        div,
+        j * 64,
+        rows,
+        nsb,
+        q6,
+        bits,
+    )
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
