@@ -38,6 +38,7 @@ from .handles import (
     SlotOp,
     Wake,
 )
+from .heap import trim_heap
 from .kv_cache import KVCacheFullError
 from .kv_types import resolve_flash_attn
 from .lora import LoraAdapter, load_lora
@@ -440,13 +441,19 @@ class Engine:
             return
         self.ready.set()
         sched = self.scheduler
+        worked = False
         try:
             while self._running:
-                if not self._drain(block=not (sched.has_work or self._slot_ops)):
+                idle = not (sched.has_work or self._slot_ops)
+                if idle and worked:  # out of work: what the steps freed goes back to the system
+                    trim_heap()
+                    worked = False
+                if not self._drain(block=idle):
                     break
                 self._run_slot_ops()
                 sched.admit()
                 self.step()
+                worked = True
         finally:
             for op in self._slot_ops:
                 op.done.put(RuntimeError("the engine stopped"))

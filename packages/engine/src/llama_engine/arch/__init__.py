@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-
 from gguf_io import GGUFFile
 from llama_quant.cpu import KernelSet
 
+from ..heap import trim_heap
 from . import (  # noqa: F401  (each registers itself)
     gemma3,
     gemma4,
@@ -46,18 +44,5 @@ def load_model(gguf: GGUFFile, kernels: KernelSet | str | None = None) -> Decode
             f"architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
     model = cls(gguf, kernels)
-    _trim_heap()
+    trim_heap()  # the repacking's freed temporaries (30 MB on a 1 GB mixture-of-experts file)
     return model
-
-
-def _trim_heap() -> None:
-    """Hand the heap pages freed while the weights were repacked back to the system (glibc's
-    ``malloc_trim``): the temporaries of large matrices stay resident otherwise (30 MB on a 1 GB
-    mixture-of-experts file). Nothing elsewhere."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # another C library
-        return
-    trim.argtypes = [ctypes.c_size_t]
-    trim(0)
