@@ -80,3 +80,8 @@ def test_mixed_parts_that_do_not_stack_and_bad_buffers() -> None:
         m.matmul(Activations(256, 1), np.zeros((1, 64), np.float32), *grouping)
     with pytest.raises(ValueError, match="float32"):
         m.matmul(Activations(COLS, 1), np.zeros((1, 32), np.float32), *grouping)
+    bad = (np.zeros(1, np.int64), np.array([0, 1, 5], np.int64), np.zeros(2, np.int64), 1, 1)  # 5 pairs
+    with pytest.raises(ValueError, match="grouping"):
+        m.matmul(Activations(COLS, 1), np.zeros((1, 64), np.float32), *bad)
+    with pytest.raises(ValueError, match="grouping"):
+        m.matmul(Activations(COLS, 1), np.zeros((1, 64), np.float32), *grouping[:3], 3, 1)  # 3 experts of 2

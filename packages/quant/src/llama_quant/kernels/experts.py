@@ -97,6 +97,14 @@ class ExpertMatrix:
             )
         if m == 0:
             return
+        # the kernels do not bounds-check: the grouping's sizes are checked here (its entries are the
+        # caller's: pairs index rows of out, and pair // div rows of acts)
+        n_pairs = int(offsets[self.n_expert]) if offsets.shape[0] > self.n_expert else -1
+        if not 0 < m <= self.n_expert or not 0 <= n_pairs <= min(len(pairs), out.shape[0]) or div < 1:
+            raise ValueError(
+                f"a grouping of {m} experts and {n_pairs} pairs (div {div}) for {self.n_expert} experts, "
+                f"{len(pairs)} pair slots and {out.shape[0]} output rows"
+            )
         spec, arrays = mat._spec, mat._arrays
         if spec.run_experts is not None:
             x = acts.converted(spec.fmt)
