@@ -13,7 +13,9 @@ TAPS = 4
 EPS = 1e-6
 
 
-@pytest.mark.parametrize(("HK", "NK", "HV", "NV"), [(8, 2, 8, 4), (16, 3, 6, 3)])  # 6: rows past fours
+@pytest.mark.parametrize(
+    ("HK", "NK", "HV", "NV"), [(8, 2, 8, 4), (16, 3, 6, 3), (32, 2, 64, 3)]
+)  # 6: rows past fours; 64: whole column blocks (_COLS)
 def test_delta_net_matches_reference_per_sequence(HK: int, NK: int, HV: int, NV: int) -> None:
     CD = 2 * NK * HK + NV * HV
     rng = np.random.default_rng(3)

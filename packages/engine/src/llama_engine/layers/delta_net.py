@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from llama_quant.kernels import Activations, ExactMatrix
 
@@ -305,19 +308,87 @@ def delta_net(  # type: ignore[no-untyped-def]
 @numba.njit(cache=True, nogil=True)
 def _delta_rule(m, kd, qd, v, eg, bt, scale, acc, delta, out, hk, hv):  # type: ignore[no-untyped-def]
     """One head's state S (m: [hk * hv], row-major) absorbs a token: S *= eg; delta = (v - S^T k) * bt;
-    S += k delta^T; out = S^T q * scale. The sums over i run in order, all rows j side by side (a function
-    of its own, not inlined: compiled alone, its loops are vectorized)."""
-    for j in range(hv):
-        acc[j] = 0.0
-    for i in range(hk):
-        _decay_dot(m[i * hv : (i + 1) * hv], eg, kd[i], acc)
+    S += k delta^T; out = S^T q * scale. The sums over i run in order, all rows j side by side: _COLS
+    columns at a time with their double sums in registers (``_cols_pass``) where hv allows, else whole rows
+    (a function of its own, not inlined: compiled alone, its loops are vectorized)."""
+    if hv % _COLS == 0:
+        for j0 in range(0, hv, _COLS):
+            _cols_pass(m, hk, hv, eg, kd, delta, kd, acc, j0, False)  # type: ignore[call-arg]
+    else:
+        for j in range(hv):
+            acc[j] = 0.0
+        for i in range(hk):
+            _decay_dot(m[i * hv : (i + 1) * hv], eg, kd[i], acc)
     for j in range(hv):
         delta[j] = (v[j] - np.float32(acc[j])) * bt
-        acc[j] = 0.0
-    for i in range(hk):
-        _update_dot(m[i * hv : (i + 1) * hv], kd[i], delta, qd[i], acc)
+    if hv % _COLS == 0:
+        for j0 in range(0, hv, _COLS):
+            _cols_pass(m, hk, hv, eg, kd, delta, qd, acc, j0, True)  # type: ignore[call-arg]
+    else:
+        for j in range(hv):
+            acc[j] = 0.0
+        for i in range(hk):
+            _update_dot(m[i * hv : (i + 1) * hv], kd[i], delta, qd[i], acc)
     for j in range(hv):
         out[j] = np.float32(acc[j]) * scale
+
+
+_COLS = 32  # value columns ``_cols_pass`` takes at once: their 32 double sums in four 512-bit registers
+
+
+@intrinsic
+def _cols_pass(typingctx, m, hk, hv, eg, kd, delta, dot, acc, j0, update):  # type: ignore[no-untyped-def]
+    """Columns j0 .. j0 + _COLS of every row i < hk of m (row stride hv), in order of i: decaying (``update``
+    a literal False), row *= eg; updating (True), row += kd[i] * delta[j0:]; then acc[j0:] (f64), zeroed
+    first, += double(row * dot[i]): ``_decay_dot`` and ``_update_dot`` on a column block, each float
+    operation the same, the sums kept in registers over the whole loop instead of in memory."""
+    if not isinstance(update, types.BooleanLiteral):
+        return None
+    grow = update.literal_value
+    ip = types.intp
+    sig = types.void(m, ip, ip, eg, kd, delta, dot, acc, ip, update)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        m_p, kd_p, dl_p, dot_p, acc_p = (
+            context.make_array(signature.args[k])(context, builder, args[k]).data for k in (0, 4, 5, 6, 7)
+        )
+        hk, hv, eg, j0 = args[1], args[2], args[3], args[8]
+        vf, vd = ir.VectorType(ir.FloatType(), _COLS), ir.VectorType(ir.DoubleType(), 8)
+        i32 = ir.IntType(32)
+
+        def splat(x):  # type: ignore[no-untyped-def]
+            undef = ir.Constant(vf, ir.Undefined)
+            one = builder.insert_element(undef, x, ir.Constant(i32, 0))
+            return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(i32, _COLS), [0] * _COLS))
+
+        def vec(p, off, ty):  # type: ignore[no-untyped-def]
+            return builder.bitcast(builder.gep(p, [off]), ty.as_pointer())
+
+        dl = builder.load(vec(dl_p, j0, vf), align=4) if grow else None
+        egv = None if grow else splat(eg)
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(vd, None)) for _ in range(_COLS // 8)]
+        with cgutils.for_range(builder, hk) as loop:
+            i = loop.index
+            at = vec(m_p, builder.add(builder.mul(i, hv), j0), vf)
+            x = builder.load(at, align=4)
+            if grow:
+                x = builder.fadd(x, builder.fmul(splat(builder.load(builder.gep(kd_p, [i]))), dl))
+            else:
+                x = builder.fmul(x, egv)
+            builder.store(x, at, align=4)
+            prod = builder.fmul(x, splat(builder.load(builder.gep(dot_p, [i]))))
+            for b, s in enumerate(sums):
+                part = builder.shuffle_vector(
+                    prod, prod, ir.Constant(ir.VectorType(i32, 8), list(range(8 * b, 8 * b + 8)))
+                )
+                builder.store(builder.fadd(builder.load(s), builder.fpext(part, vd)), s)
+        for b, s in enumerate(sums):
+            builder.store(
+                builder.load(s), vec(acc_p, builder.add(j0, ir.Constant(j0.type, 8 * b)), vd), align=8
+            )
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

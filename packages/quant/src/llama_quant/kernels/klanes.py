@@ -1,10 +1,12 @@
 """Products of Q4_K and Q6_K through byte-pair multiply-adds (x86 ``pmaddubsw``, ``pmaddwd``), with the same
 numbers as ``kquants``: ggml's 8 integer lanes per super-block formed for 64 rows at once.
 
-A lane's integer sum is exact however it is formed, so only the float steps must follow ggml (they are
-``kquants``', unchanged). The tiles are stored at load in the order the lane kernels read
-(``k_pair_layout``; each type's layout is described at its kernel), so one kernel serves a single token as
-well as a prompt.
+A lane's integer sum is exact however it is formed, so only the float steps must follow ggml: each is the
+same f32 operation as ``kquants``', done on the lane sums as they leave the integer registers (Q4_K's min
+terms are integers formed exactly in f32, ``_min_terms``). The tiles are stored at load in the order the
+lane kernels read (``k_pair_layout``; each type's layout is described at its kernel), so one kernel serves
+a single token as well as a prompt, whose tokens it takes eight or four at a time against each tile
+vector.
 
 Each lane kernel exists at two vector widths, chosen by the kernel set (``llama_quant.cpu``): ``mm_k256``
 on 256-bit vectors (AVX2, ``KernelSet.AVX2``) and ``mm_k512`` running the same instructions on 512-bit
@@ -24,7 +26,7 @@ from numba.extending import intrinsic
 
 from ._ir import I16, IR, V8I32, V16I8, V16I16, V16I32, V32I8, V32I16, V64I8, nibbles, splat
 from ._tiles import spread_tokens
-from .kquants import _finish, _float_step, _min_sums
+from .kquants import _finish
 
 __all__ = ["k_pair_layout", "mm_k256", "mm_k256_experts", "mm_k512", "mm_k512_experts"]
 
@@ -32,6 +34,14 @@ __all__ = ["k_pair_layout", "mm_k256", "mm_k256_experts", "mm_k512", "mm_k512_ex
 # weights: Q6_K 16 -> 25-33 GB/s, Q4_K 23 -> 25-31 GB/s (4096 x 4096), +20-50% on Gemma 3's 640-row
 # matrices; best at 8-16 KB. Q4_0/Q4_1/Q8_0 stream as fast without (Q8_0 slower with): none there.
 _AHEAD = 12288
+
+# Tokens a lane kernel takes at once in a prompt (then _HALF, then one, for the rest): each tile vector is
+# loaded, split and its scales widened once for all of them, and ggml's float step runs on the lane sums
+# while they are in registers. 2048 x 1024 on 512 tokens, 2 threads, AVX-512: Q4_K 91 -> 118 G
+# multiply-adds a second, Q6_K 72 -> 96 (one token at a time, lane sums through memory, before).
+_BLOCK = 8
+_HALF = 4
+_AUX = 8 * 64  # a token's int32 lane sums: 8 lanes of 64 rows
 
 
 # --- Q4_K -----------------------------------------------------------------------------------------------
@@ -48,31 +58,39 @@ _AHEAD = 12288
 
 
 @intrinsic
-def _q4k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xp, xoff, ahead, bits):  # type: ignore[no-untyped-def]
-    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above);
-    the bytes ``ahead`` of its 1024 are prefetched. ``bits`` (a literal 256 or 512): the vector width; at
-    512, two row groups (16 rows) per vector."""
-    wide = _wide(bits)
-    if wide is None:
+def _q4k_lanes(typingctx, sums, lane, dd, u, uoff, scl, scloff, xp, offs, ahead, bits, nt):  # type: ignore[no-untyped-def]
+    """One lane of one super-block for 64 rows and ``nt`` tokens (a literal, ``_tokens``), token j's
+    activation words at xp[offs[j]] (layouts above): the tile's vectors are loaded and split once for all the
+    tokens. Then ggml's float step, ``sums[l] += d * aux32[l]``, on token j's sums[j * 512 + 64 l + 0:64]
+    with d = dd[64 j + 0:64] (f32). The bytes ``ahead`` of the tile's 1024 are prefetched. ``bits`` (a
+    literal 256 or 512): the vector width; at 512, two row groups (16 rows) per vector."""
+    wide, n_tok = _wide(bits), _tokens(nt)
+    if wide is None or n_tok is None:
         return None
-    sig = types.void(aux, types.intp, u, types.intp, scl, types.intp, xp, types.intp, types.intp, bits)
+    ip = types.intp
+    sig = types.void(sums, ip, dd, u, ip, scl, ip, xp, offs, ip, bits, nt)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         f = IR(context, builder, signature, args)
-        auxoff, uoff, scloff, xoff = args[1:9:2]
-        aux_p, u_p, s_p, x_p = (f.data(i) for i in (0, 2, 4, 6))
-        f.prefetch(u_p, uoff, args[8], 1024)
+        uoff, scloff = args[4], args[6]
+        u_p, s_p, x_p = (f.data(i) for i in (3, 5, 7))
+        f.prefetch(u_p, uoff, args[9], 1024)
         per = 2 if wide else 1  # row groups of 8 rows per vector
         acc_t = V16I32 if wide else V8I32
-        xs = [f.broadcast(x_p, xoff, k, V64I8 if wide else V32I8) for k in range(8)]  # (chunk, half)
+        xs = [
+            [f.broadcast(x_p, x, k, V64I8 if wide else V32I8) for k in range(8)]
+            for x in _offsets(f, 8, n_tok)
+        ]
         for rg in range(0, 8, per):
-            acc = ir.Constant(acc_t, None)
+            accs = [ir.Constant(acc_t, None)] * n_tok
             for c in range(4):
                 w0, w1 = nibbles(f, f.load_rows(u_p, uoff, (c * 8 + rg) * 32, 32, V32I8, wide))
-                sums = builder.add(f.pmaddubsw(w0, xs[2 * c]), f.pmaddubsw(w1, xs[2 * c + 1]))
                 sc = f.load_rows(s_p, scloff, (c * 8 + rg) * 16, 16, V16I8, wide)
-                acc = builder.add(acc, f.pmaddwd(sums, builder.sext(sc, sums.type)))
-            builder.store(acc, f.at(aux_p, auxoff, rg * 8, acc_t), align=4)
+                sc = builder.sext(sc, ir.VectorType(I16, sc.type.count))
+                for j in range(n_tok):
+                    pair = builder.add(f.pmaddubsw(w0, xs[j][2 * c]), f.pmaddubsw(w1, xs[j][2 * c + 1]))
+                    accs[j] = builder.add(accs[j], f.pmaddwd(pair, sc))
+            _lane_floats(f, accs, rg, wide)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -139,40 +157,63 @@ def _unpack_q4k(u, scl, qs, sc, nsb):  # pragma: no cover - numba
 
 
 @intrinsic
-def _q6k_lane(typingctx, aux, auxoff, u, uoff, scl, scloff, xw, xoff, bx, bxoff, ahead, bits):  # type: ignore[no-untyped-def]
-    """aux[auxoff + 0:64] (int32) = lane sums of 64 rows for one lane of one super-block (layouts above);
-    the bytes ``ahead`` of its 1536 are prefetched. ``bits`` as ``_q4k_lane``'s."""
-    wide = _wide(bits)
-    if wide is None:
+def _q6k_lanes(typingctx, sums, lane, dd, u, uoff, scl, scloff, xw, bx, offs, ahead, bits, nt):  # type: ignore[no-untyped-def]
+    """``_q4k_lanes`` for Q6_K: token j's activation words at xw[offs[j]], its offset terms at bx[offs[j]]; the
+    bytes ``ahead`` of the tile's 1536 are prefetched."""
+    wide, n_tok = _wide(bits), _tokens(nt)
+    if wide is None or n_tok is None:
         return None
-    sig = types.void(
-        aux, types.intp, u, types.intp, scl, types.intp, xw, types.intp, bx, types.intp, types.intp, bits
-    )
+    ip = types.intp
+    sig = types.void(sums, ip, dd, u, ip, scl, ip, xw, bx, offs, ip, bits, nt)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         f = IR(context, builder, signature, args)
-        auxoff, uoff, scloff, xoff, bxoff = args[1:11:2]
-        aux_p, u_p, s_p, x_p, b_p = (f.data(i) for i in (0, 2, 4, 6, 8))
+        uoff, scloff = args[4], args[6]
+        u_p, s_p, x_p, b_p = (f.data(i) for i in (3, 5, 7, 8))
         f.prefetch(u_p, uoff, args[10], 1536)
         per = 2 if wide else 1  # row groups of 8 rows per vector
         acc_t = V16I32 if wide else V8I32
-        xs = [f.broadcast(x_p, xoff, jp, V64I8 if wide else V32I8) for jp in range(8)]
-        bs = [f.broadcast(b_p, bxoff, jp, V32I16 if wide else V16I16) for jp in range(8)]
+        offs = _offsets(f, 9, n_tok)
+        xs = [[f.broadcast(x_p, x, jp, V64I8 if wide else V32I8) for jp in range(8)] for x in offs]
+        bs = [[f.broadcast(b_p, x, jp, V32I16 if wide else V16I16) for jp in range(8)] for x in offs]
         for rg in range(0, 8, per):
-            acc = ir.Constant(acc_t, None)
+            accs = [ir.Constant(acc_t, None)] * n_tok
             for a in range(2):
                 unit = (a * 8 + rg) * 96
                 vs = (f.load_rows(u_p, uoff, unit + 32 * v, 96, V32I8, wide) for v in range(3))
                 for k, w in enumerate(_six_bits(f, *vs)):
                     jp = 4 * a + k
                     sc = f.load_rows(s_p, scloff, (jp * 8 + rg) * 16, 16, V16I8, wide)
-                    # pair sums (<= 2 * 63 * 127) plus offset terms (|.| <= 32 * 254) still fit int16
-                    sums = builder.add(f.pmaddubsw(w, xs[jp]), bs[jp])
-                    acc = builder.add(acc, f.pmaddwd(sums, builder.sext(sc, sums.type)))
-            builder.store(acc, f.at(aux_p, auxoff, rg * 8, acc_t), align=4)
+                    sc = builder.sext(sc, ir.VectorType(I16, sc.type.count))
+                    for j in range(n_tok):
+                        # pair sums (<= 2 * 63 * 127) plus offset terms (|.| <= 32 * 254) still fit int16
+                        pair = builder.add(f.pmaddubsw(w, xs[j][jp]), bs[j][jp])
+                        accs[j] = builder.add(accs[j], f.pmaddwd(pair, sc))
+            _lane_floats(f, accs, rg, wide)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _offsets(f: IR, i: int, n_tok: int) -> list:  # type: ignore[type-arg]
+    """The first ``n_tok`` entries of the int64 array argument i: where each token's activation words start."""
+    p = f.data(i)
+    return [f.b.load(f.b.gep(p, [ir.Constant(ir.IntType(64), j)])) for j in range(n_tok)]
+
+
+def _lane_floats(f: IR, accs, rg: int, wide: bool) -> None:  # type: ignore[no-untyped-def]
+    """ggml's float step for one lane's int32 sums ``accs[j]`` of row group ``rg`` (two with ``wide``),
+    token j: sums[512 j + 64 lane + row] += dd[64 j + row] * float(aux32) (arguments 0, 1, 2 of the
+    lane kernels), each an f32 multiply then add as ggml's loop."""
+    b = f.b
+    ft = ir.VectorType(ir.FloatType(), 16 if wide else 8)
+    sums_p, dd_p = f.data(0), f.data(2)
+    base = b.mul(f.args[1], ir.Constant(f.args[1].type, 64))
+    zero = ir.Constant(f.args[1].type, 0)
+    for j, acc in enumerate(accs):
+        d = f.load(dd_p, zero, 64 * j + rg * 8, ft, 4)
+        at = f.at(sums_p, base, _AUX * j + rg * 8, ft)
+        b.store(b.fadd(b.load(at, align=4), b.fmul(d, b.sitofp(acc, ft))), at, align=4)
 
 
 def _six_bits(f: IR, n0, n1, high):  # type: ignore[no-untyped-def]
@@ -288,6 +329,13 @@ def _wide(bits):  # type: ignore[no-untyped-def]
     or 512 (numba then types the call with the literal, which each driver passes as a constant)."""
     if isinstance(bits, types.IntegerLiteral) and bits.literal_value in (256, 512):
         return bits.literal_value == 512
+    return None
+
+
+def _tokens(nt):  # type: ignore[no-untyped-def]
+    """A lane kernel's token count: a literal 1, ``_HALF`` or ``_BLOCK``; None otherwise."""
+    if isinstance(nt, types.IntegerLiteral) and nt.literal_value in (1, _HALF, _BLOCK):
+        return int(nt.literal_value)
     return None
 
 
@@ -434,35 +482,87 @@ def _k_activation_words(words, xq, t0, t1, nsb):  # pragma: no cover - numba
 def _k_tile(
     out, u, scl, mn, d, dmin, xw, bx, xd, xsum, pairs, lo, hi, div, r0, rows, nsb, q6, bits
 ):  # pragma: no cover
-    """Tokens against one tile (its rows r0.. of ``rows``): the lane kernels of width ``bits``, then
-    ``kquants``' float steps. div 0: tokens lo..hi-1 into the same output rows; else pairs[lo:hi] name
-    the output rows, each reading activation row pair // div."""
-    kind = 0 if q6 else 1
-    y = np.empty(64, np.float32)
-    sums = np.empty(8 * 64, np.float32)
-    aux = np.empty(8 * 64, np.int32)
-    isc = np.empty(64, np.int32)
-    for i in range(lo, hi):
-        dst = i if div == 0 else pairs[i]
-        t = i if div == 0 else dst // div
-        xt = xw[t]
-        bt = bx[t]
+    """Tokens against one tile (its rows r0.. of ``rows``): the lane kernels of width ``bits`` with their
+    float steps, ``_BLOCK`` tokens at a time while that many remain, and Q4_K's min terms. div 0: tokens
+    lo..hi-1 into the same output rows; else pairs[lo:hi] name the output rows, each reading activation
+    row pair // div."""
+    y = np.empty(_BLOCK * 64, np.float32)
+    sums = np.empty(_BLOCK * _AUX, np.float32)
+    dd = np.empty(_BLOCK * 64, np.float32)
+    mnf = np.empty(8 * 64, np.float32)
+    isc = np.empty(_BLOCK * 64, np.float32)
+    dst = np.empty(_BLOCK, np.int64)
+    tok = np.empty(_BLOCK, np.int64)
+    offs = np.empty(_BLOCK, np.int64)
+    words = xw.shape[1]
+    i = lo
+    while i < hi:
+        nb = _BLOCK if hi - i >= _BLOCK else _HALF if hi - i >= _HALF else 1
+        for j in range(nb):
+            dst[j] = i + j if div == 0 else pairs[i + j]
+            tok[j] = dst[j] if div == 0 else dst[j] // div
         ahead = _AHEAD if i == lo else 0  # later tokens find the tile in cache
-        for k in range(64):
+        for k in range(nb * 64):
             y[k] = float32(0.0)
-        for k in range(8 * 64):
+        for k in range(nb * _AUX):
             sums[k] = float32(0.0)
         for s in range(nsb):
+            for j in range(nb):  # ggml's d = fp16(x.d) * y.d per row
+                dy = xd[tok[j], s]
+                for k in range(uint64(64)):
+                    dd[uint64(j) * uint64(64) + k] = d[uint64(s) * uint64(64) + k] * dy
             for lane in range(8):
                 o = (s * 8 + lane) * 8
-                if q6:
-                    _q6k_lane(aux, lane * 64, u, o * 192, scl, s * 1024, xt, o, bt, o, ahead, bits)  # type: ignore[call-arg]
+                for j in range(nb):
+                    offs[j] = tok[j] * words + o
+                if nb == _BLOCK:
+                    if q6:
+                        _q6k_lanes(
+                            sums, lane, dd, u, o * 192, scl, s * 1024, xw, bx, offs, ahead, bits, _BLOCK
+                        )  # type: ignore[call-arg]
+                    else:
+                        _q4k_lanes(sums, lane, dd, u, o * 128, scl, s * 512, xw, offs, ahead, bits, _BLOCK)  # type: ignore[call-arg]
+                elif nb == _HALF:
+                    if q6:
+                        _q6k_lanes(
+                            sums, lane, dd, u, o * 192, scl, s * 1024, xw, bx, offs, ahead, bits, _HALF
+                        )  # type: ignore[call-arg]
+                    else:
+                        _q4k_lanes(sums, lane, dd, u, o * 128, scl, s * 512, xw, offs, ahead, bits, _HALF)  # type: ignore[call-arg]
+                elif q6:
+                    _q6k_lanes(sums, lane, dd, u, o * 192, scl, s * 1024, xw, bx, offs, ahead, bits, 1)  # type: ignore[call-arg]
                 else:
-                    _q4k_lane(aux, lane * 64, u, o * 128, scl, s * 512, xt, o, ahead, bits)  # type: ignore[call-arg]
-            # unsigned indices: signed index arithmetic keeps LLVM from vectorizing the float steps
+                    _q4k_lanes(sums, lane, dd, u, o * 128, scl, s * 512, xw, offs, ahead, bits, 1)  # type: ignore[call-arg]
             if not q6:
-                _min_sums(isc, mn, xsum[t], uint64(s), uint64(64), 8)
-            _float_step(y, sums, aux, isc, d, dmin, xd[t, s], uint64(s), uint64(64), kind)
-        _finish(y, sums, uint64(64), kind)
-        for k in range(min(64, rows - r0)):
-            out[dst, r0 + k] = y[k]
+                _min_terms(y, mnf, isc, mn, dmin, xsum, xd, tok, nb, s)
+        for j in range(nb):
+            yj = y[j * 64 : j * 64 + 64]
+            _finish(yj, sums[j * _AUX : (j + 1) * _AUX], uint64(64), 1)
+            for k in range(min(64, rows - r0)):
+                out[dst[j], r0 + k] = yj[k]
+        i += nb
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _min_terms(y, mnf, isc, mn, dmin, xsum, xd, tok, nb, s):  # pragma: no cover - numba
+    """Q4_K's ``sumf -= dmin * sumi`` of super-block s for the block's tokens (y[64 j + row]), with
+    dmin = fp16(x.dmin) * y.d and sumi = sum over the 8 mins of min * (the two bsums under it). The integer
+    sumi is formed in f32 multiply-adds: every product and partial sum is an integer below 2^24
+    (8 * 63 * 4096), so each is exact and sumi's float is the one ggml converts."""
+    so = uint64(s) * uint64(512)
+    for k in range(uint64(512)):
+        mnf[k] = float32(mn[so + k])
+    for k in range(uint64(nb) * uint64(64)):
+        isc[k] = float32(0.0)
+    for j in range(uint64(nb)):
+        xo = uint64(s) * uint64(16)
+        t = tok[j]
+        for m in range(uint64(8)):
+            b = float32(int32(xsum[t, xo + uint64(2) * m]) + int32(xsum[t, xo + uint64(2) * m + uint64(1)]))
+            for k in range(uint64(64)):
+                isc[j * uint64(64) + k] += mnf[m * uint64(64) + k] * b
+    for j in range(uint64(nb)):
+        dy = xd[tok[j], s]
+        for k in range(uint64(64)):
+            yo = j * uint64(64) + k
+            y[yo] = y[yo] - (dmin[uint64(s) * uint64(64) + k] * dy) * isc[yo]
