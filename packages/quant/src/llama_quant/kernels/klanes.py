@@ -346,27 +346,7 @@ def mm_k256(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma:
     xw, bx = _k_words(xq, n, nsb, q6)
     every = np.empty(0, np.int64)
     for g in prange(q.shape[0]):
-        _k_tile(
-            out,
-            q[g],
-            sc[g],
-            mn[g],
-            d[g],
-            dmin[g],
-            xw,
-            bx,
-            xd,
-            xsum,
-            every,
-            0,
-            n,
-            0,
-            g * 64,
-            rows,
-            nsb,
-            q6,
-            256,
-        )
+        _whole_tile(out, q, sc, mn, d, dmin, xw, bx, xd, xsum, every, n, rows, nsb, q6, g, 256)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -377,27 +357,7 @@ def mm_k512(out, q, sc, mn, d, dmin, xq, xd, xsum, n, rows, nsb, q6):  # pragma:
     xw, bx = _k_words(xq, n, nsb, q6)
     every = np.empty(0, np.int64)
     for g in prange(q.shape[0]):
-        _k_tile(
-            out,
-            q[g],
-            sc[g],
-            mn[g],
-            d[g],
-            dmin[g],
-            xw,
-            bx,
-            xd,
-            xsum,
-            every,
-            0,
-            n,
-            0,
-            g * 64,
-            rows,
-            nsb,
-            q6,
-            512,
-        )
+        _whole_tile(out, q, sc, mn, d, dmin, xw, bx, xd, xsum, every, n, rows, nsb, q6, g, 512)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -427,6 +387,16 @@ def mm_k512_experts(
         _expert_tile(
             out, q, sc, mn, d, dmin, xw, bx, xd, xsum, rows, nsb, q6, pairs, offsets, active, div, te, w, 512
         )
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _whole_tile(
+    out, q, sc, mn, d, dmin, xw, bx, xd, xsum, every, n, rows, nsb, q6, g, bits
+):  # pragma: no cover
+    """Work item g of a plain product: tile g for all n tokens."""
+    _k_tile(
+        out, q[g], sc[g], mn[g], d[g], dmin[g], xw, bx, xd, xsum, every, 0, n, 0, g * 64, rows, nsb, q6, bits
+    )
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
