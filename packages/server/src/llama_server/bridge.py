@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -95,6 +96,9 @@ class Run:
         # with /metrics on, every request reports its prompt batches (counted as they are evaluated);
         # index -> (the client asked for the updates, tokens in the cache at the last one)
         self._progress: dict[int, tuple[bool, int]] = {}
+        # with /metrics on: when each request was submitted and when its last token came (the histograms)
+        self._submitted: dict[int, float] = {}
+        self._last_token: dict[int, float] = {}
 
     def submit_all(self, requests: list[GenerationRequest]) -> None:
         """Validate every prompt against the slot context, then queue them all (or none: when the engine's
@@ -122,6 +126,7 @@ class Run:
                 continue
             if self.state.config.endpoint_metrics:
                 self._progress[i] = (req.return_progress, -1)
+                self._submitted[i] = time.monotonic()
                 req = msgspec.structs.replace(req, return_progress=True)
             try:
                 self.handles.append(engine.submit(req, on_event=partial(self._on_event, i)))
@@ -143,6 +148,8 @@ class Run:
         index, ev = item
         if isinstance(ev, ProgressEvent) and index in self._progress and not self._count(index, ev):
             return  # an update only /metrics asked for
+        if index in self._submitted:
+            self._time(index, ev)
         if isinstance(ev, FinalEvent):
             self._record(index, ev)
         if self._sink is not None:
@@ -150,6 +157,24 @@ class Run:
             return
         self._items.append(item)
         self._wakeup.set()
+
+    def _time(self, index: int, ev: Event) -> None:
+        """Observe a request's latencies (llama_server.latency) as its events are handed on."""
+        histograms = self.state.latency
+        if histograms is None or isinstance(ev, ProgressEvent):
+            return
+        t = time.monotonic()
+        if isinstance(ev, TokenEvent):
+            last = self._last_token.get(index)
+            if last is None:
+                histograms.first_token(t - self._submitted[index])
+            else:
+                histograms.inter_token(t - last)
+            self._last_token[index] = t
+        elif ev.reason not in (StopReason.ERROR, StopReason.CANCELLED):
+            e2e = t - self._submitted[index]
+            busy = (ev.timings.prompt_ms + ev.timings.predicted_ms) / 1e3
+            histograms.finished(e2e, e2e - busy, ev.usage.prompt_tokens, ev.usage.completion_tokens)
 
     def _count(self, index: int, ev: ProgressEvent) -> bool:
         """Count a prompt update's newly evaluated tokens; True when the client asked for updates."""

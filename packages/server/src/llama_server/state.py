@@ -22,6 +22,7 @@ from llama_quant.filetypes import F as LlamaFileType
 from .builtin_templates import make_template
 from .config import ServerConfig
 from .control import LiveCompletions
+from .latency import LatencyHistograms
 from .model_overrides import open_with_overrides
 from .prompts import max_piece_chars
 from .resumable import SessionStore
@@ -104,6 +105,7 @@ class ServerState:
     template: ChatTemplate | None = None
     load_error: str | None = None
     metrics: Metrics = field(default_factory=Metrics)
+    latency: LatencyHistograms | None = None  # with --metrics, once the model is loaded
     slots: dict[int, SlotRecord] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     next_task: int = 0
@@ -165,6 +167,8 @@ class ServerState:
         if self.engine is not None or self.ready.is_set():  # built by the caller
             if self.engine is not None and self.template is None:
                 self.template = self._make_template(self.engine)
+            if self.engine is not None:
+                self._histograms(self.engine)
             self.ready.set()
             return
         if self._loader is None:
@@ -203,6 +207,7 @@ class ServerState:
             engine.wait_ready()
             if cfg.warmup:  # the first request's chain: the server's defaults, when not llama.cpp's
                 warm_sampling(engine.model.config.n_vocab, (cfg.sampling,))
+            self._histograms(engine)
             self.engine = engine
             self.ready.set()
             log.info("model loaded in %.1f s", time.perf_counter() - t0)
@@ -217,6 +222,11 @@ class ServerState:
             log.error("failed to load the model: %s", self.load_error)
             if self.exit_on_load_error:  # the command line: a server that cannot load its model is useless
                 os._exit(1)
+
+    def _histograms(self, engine: Engine) -> None:
+        """With --metrics, the latency histograms (kept across a sleep's reload)."""
+        if self.config.endpoint_metrics and self.latency is None:
+            self.latency = LatencyHistograms(self.model_name, engine.n_ctx_slot)
 
     def _make_template(self, engine: Engine) -> ChatTemplate:
         tok = engine.tokenizer

@@ -77,8 +77,11 @@ class MetricsController(Controller):
                 f"llamacpp:{name} {_fmt(value)}",
             ]
         lines += spec_per_position(engine)
+        text = "\n".join(lines) + "\n"
+        if st.latency is not None:  # the per-request distributions (llama_server.latency)
+            text += st.latency.exposition()
         return Response(
-            "\n".join(lines) + "\n",
+            text,
             media_type="text/plain; version=0.0.4",
             headers={"Process-Start-Time-Unix": str(int(st.started))},
         )
