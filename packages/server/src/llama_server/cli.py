@@ -190,6 +190,22 @@ def _opts(f: Any) -> Any:
             help="Flash attention: on, off or auto (auto: on only when a quantized V cache needs it).",
         ),
         o("--slot-save-path", type=click.Path(file_okay=False), help="Directory for slot save/restore."),
+        o(
+            "--store",
+            "store_path",
+            type=click.Path(dir_okay=False),
+            envvar="LLAMA_ARG_STORE",
+            help="SQLite database that keeps conversations and responses (/v1/conversations, "
+            "previous_response_id); off by default.",
+        ),
+        o(
+            "--store-quota",
+            type=click.IntRange(1),
+            default=256,
+            envvar="LLAMA_ARG_STORE_QUOTA",
+            show_default=True,
+            help="MiB of conversations and responses each API key may keep in --store.",
+        ),
         o("--lora", multiple=True, help="LoRA adapter file(s), comma-separated, scale 1."),
         o("--lora-scaled", multiple=True, help="LoRA adapters with a scale: FNAME:SCALE[,...]."),
         o("--lora-init-without-apply", is_flag=True, help="Load LoRA adapters at scale 0."),
@@ -454,6 +470,8 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         webui=kw["webui"],
         static_path=kw["static_path"] or None,
         slot_save_path=kw["slot_save_path"],
+        store_path=kw["store_path"],
+        store_quota_mib=kw["store_quota"],
         jinja=kw["jinja"],
         chat_template=template,
         chat_template_kwargs=tmpl_kwargs,
@@ -515,7 +533,10 @@ def main(**kw: Any) -> None:
         # --host a,b: listen on each; port 0: pick a free port, and report the real one
         sockets = bind_all(hosts, cfg.port)
         cfg = dataclasses.replace(cfg, port=sockets[0].getsockname()[1])
-    state = ServerState(cfg, exit_on_load_error=True)
+    try:
+        state = ServerState(cfg, exit_on_load_error=True)
+    except ValueError as e:  # --store: the database cannot be opened
+        raise click.UsageError(str(e)) from None
     if is_child():  # started by llama-router: state lines on stdout, commands on stdin
         ChildChannel(state).start()
     app = create_app(state)

@@ -70,6 +70,8 @@ class ServerConfig:
     webui: bool = True
     static_path: str | None = None  # --path: serve this folder at / instead of the bundled web UI
     slot_save_path: str | None = None
+    store_path: str | None = None  # --store: the SQLite database of conversations and responses
+    store_quota_mib: int = 256  # --store-quota: what each API key may keep there
     max_body_bytes: int = 16 * 1024 * 1024
     # resumable streams (X-Conversation-Id): llama.cpp's constants, settable so tests need not wait minutes
     stream_session_bytes: int = 4 * 1024 * 1024  # ring buffer cap per session

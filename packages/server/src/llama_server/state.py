@@ -26,6 +26,7 @@ from .latency import LatencyHistograms
 from .model_overrides import open_with_overrides
 from .prompts import max_piece_chars
 from .resumable import SessionStore
+from .store import Store
 from .template import ChatTemplate
 
 __all__ = [
@@ -118,8 +119,23 @@ class ServerState:
     streams: SessionStore = field(default_factory=SessionStore)  # resumable streams by X-Conversation-Id
     lora_scales: list[float] | None = None  # the global LoRA scales (llama_server.lora)
     live: LiveCompletions = field(default_factory=LiveCompletions)  # chat completions by id (control.py)
+    store: Store | None = None  # --store: conversations and responses (llama_server.store)
     _loader: threading.Thread | None = None
     _pool: ThreadPoolExecutor | None = None
+
+    def __post_init__(self) -> None:
+        if self.config.store_path and self.store is None:  # ValueError: the database cannot be opened
+            self.store = Store(self.config.store_path, self.config.store_quota_mib << 20)
+
+    def require_store(self) -> Store:
+        from .errors import ApiError
+
+        if self.store is None:
+            raise ApiError(
+                "This server keeps no responses or conversations. Start it with `--store PATH`",
+                "not_supported_error",
+            )
+        return self.store
 
     @property
     def model_name(self) -> str:
@@ -237,6 +253,9 @@ class ServerState:
         return make_template(self.config.chat_template, model_src, self.config.jinja, bos, eos)
 
     def shutdown(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -4,6 +4,7 @@ from .anthropic import AnthropicController
 from .chat import ChatController
 from .completion import CompletionController
 from .control import ControlController
+from .conversations import ConversationsController
 from .embeddings import EmbeddingsController
 from .feature_off import FeatureOffController
 from .health import HealthController
@@ -24,6 +25,7 @@ CONTROLLERS = [
     ControlController,
     AnthropicController,
     ResponsesController,
+    ConversationsController,
     EmbeddingsController,
     RerankController,
     LoraController,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from llama_engine import FinalEvent, ProgressEvent, TokenEvent
+from llama_engine import FinalEvent, ProgressEvent, StopReason, TokenEvent
 from llama_engine.tokenizer import Tokenizer
 
 from ..chat_parser import Diff, Parsed, ToolCall
@@ -81,7 +84,21 @@ class ResponsesUsage(Struct, gc=False):
         return cls(u.prompt_tokens, u.completion_tokens, total, TokenUsage(u.cached_tokens))
 
 
-class Response(Struct, gc=False):
+class ConversationRef(Struct, gc=False):
+    id: str
+
+
+class _Stored(Struct, kw_only=True, gc=False):
+    """The state fields, shown by a server with a store (llama_server.store) and absent otherwise, as
+    llama-server answers."""
+
+    previous_response_id: str | UnsetType | None = UNSET
+    conversation: ConversationRef | UnsetType | None = UNSET
+    store: bool | UnsetType = UNSET
+    instructions: str | UnsetType | None = UNSET
+
+
+class Response(_Stored, gc=False):
     """The non-streamed body."""
 
     completed_at: int
@@ -100,7 +117,7 @@ class ResponseHead(Struct, gc=False):
     status: str
 
 
-class CompletedResponse(Struct, gc=False):
+class CompletedResponse(_Stored, gc=False):
     id: str
     object: str
     created_at: int
@@ -113,6 +130,11 @@ class CompletedResponse(Struct, gc=False):
 class _Event(Struct, tag_field="type", kw_only=True, gc=False):
     # llama-server: on the last event of a token with timings_per_token, and on response.completed
     timings: ApiTimings | UnsetType = UNSET
+    # OpenAI's positions, which its SDK's stream accumulator needs (llama-server sends none): the item's
+    # place in `output`, the part's place in the item's `content`, the event's number in the stream
+    output_index: int | UnsetType = UNSET
+    content_index: int | UnsetType = UNSET
+    sequence_number: int | UnsetType = UNSET
 
 
 class Created(_Event, tag="response.created"):
@@ -178,13 +200,48 @@ class ResponsesFormatter(Formatter):
 
     named = True
 
-    def __init__(self, tok: Tokenizer, parsing: Parsing, *, created: int, model: str) -> None:
+    def __init__(
+        self,
+        tok: Tokenizer,
+        parsing: Parsing,
+        *,
+        created: int,
+        model: str,
+        state: dict[str, Any] | None = None,
+        on_complete: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """`state`: the `_Stored` fields to show; `on_complete(body)` is called with the completed response
+        (the non-streamed body's shape) before its last event or body is sent (the store keeps it)."""
         super().__init__(tok)
         self.parsing = parsing
         self.stream = parsing.stream()
         self.created, self.model = created, model
         self.id, self.rs, self.msg = "resp_" + random_id(), "rs_" + random_id(), "msg_" + random_id()
         self.opened: set[str] = set()
+        self.state = state or {}
+        self.on_complete = on_complete
+        self.positions: dict[str, int] = {}  # item id -> output_index, in the order items are added
+        self.sequence = 0
+
+    def _numbered(self, events: list[_Event]) -> list[_Event]:
+        """Each event with its sequence number and, where it concerns an item, OpenAI's indexes."""
+        for ev in events:
+            ev.sequence_number = self.sequence
+            self.sequence += 1
+            item_id = ev.item.id if isinstance(ev, ItemAdded | ItemDone) else getattr(ev, "item_id", None)
+            if item_id is not None:
+                ev.output_index = self.positions.setdefault(item_id, len(self.positions))
+                if isinstance(ev, PartAdded | PartDone | TextDelta | TextDone | ReasoningDelta):
+                    ev.content_index = 0
+        return events
+
+    def _body(self, output: list[Item], usage: ResponsesUsage) -> Response:
+        body = Response(
+            now(), self.created, self.id, self.model, "response", output, "completed", usage, **self.state
+        )
+        if self.on_complete is not None:
+            self.on_complete(msgspec.to_builtins(body))
+        return body
 
     def _output(self, p: Parsed) -> list[Item]:
         out: list[Item] = []
@@ -201,19 +258,20 @@ class ResponsesFormatter(Formatter):
             out.append(_call_item(c, "completed", c.arguments))
         return out
 
-    def opening(self) -> list[Struct]:
+    def opening(self) -> list[_Event]:
         head = ResponseHead(self.id, "response", "in_progress")
-        return [Created(head), InProgress(head)]
+        return self._numbered([Created(head), InProgress(head)])
 
-    def progress(self, index: int, ev: ProgressEvent) -> list[Struct]:
+    def progress(self, index: int, ev: ProgressEvent) -> list[_Event]:
         tm = timings_out(ev.timings) if ev.timings is not None else UNSET
-        return [InProgress(ResponseHead(self.id, "response", "in_progress"), progress_out(ev), timings=tm)]
+        head = ResponseHead(self.id, "response", "in_progress")
+        return self._numbered([InProgress(head, progress_out(ev), timings=tm)])
 
     def token(self, index: int, ev: TokenEvent) -> list[_Event]:
         out = self._emit(self.stream.feed(ev.text, final=False))
         if out and ev.timings is not None:
             out[-1].timings = timings_out(ev.timings)
-        return out
+        return self._numbered(out)
 
     def final(self, index: int, ev: FinalEvent) -> list[_Event]:
         d = self.stream.feed(ev.text, final=True)
@@ -229,8 +287,12 @@ class ResponsesFormatter(Formatter):
                     ItemDone(item),
                 ]
         usage = ResponsesUsage.of(ev)
-        done = CompletedResponse(self.id, "response", self.created, "completed", self.model, output, usage)
-        return [*out, Completed(done, timings=timings_out(ev.timings))]
+        if ev.reason != StopReason.CANCELLED:
+            self._body(output, usage)
+        done = CompletedResponse(
+            self.id, "response", self.created, "completed", self.model, output, usage, **self.state
+        )
+        return self._numbered([*out, Completed(done, timings=timings_out(ev.timings))])
 
     def _emit(self, d: Diff) -> list[_Event]:
         out: list[_Event] = []
@@ -258,14 +320,4 @@ class ResponsesFormatter(Formatter):
         c = choices[0]
         assert c.final is not None
         p = self.parsing.parse(c.text)
-        output = self._output(p)
-        return Response(
-            now(),
-            self.created,
-            self.id,
-            self.model,
-            "response",
-            output,
-            "completed",
-            ResponsesUsage.of(c.final),
-        )
+        return self._body(self._output(p), ResponsesUsage.of(c.final))
