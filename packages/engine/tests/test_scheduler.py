@@ -86,7 +86,7 @@ def test_decode_prompt_and_embedding_chunks_share_one_budget(engine: Engine) -> 
     _run(engine, first)
     assert sched.slots[0].state == SlotState.GENERATE
 
-    # an embedding job, then a long prompt: the older of the two gets the budget first
+    # an embedding job, then a long prompt: they share the budget
     eh = EmbeddingHandle()
     sched.add(Embed(EmbeddingRequest(prompt=embd_prompt), eh))
     h1 = RequestHandle()
@@ -102,14 +102,16 @@ def test_decode_prompt_and_embedding_chunks_share_one_budget(engine: Engine) -> 
         assert step.seqs[0] == 0 and step.n_tokens[0] == 1 and step.n_out[0] == 1  # decode first
         plans.append(_plan(step, [0, 1, emb_seq]))
         _run(engine, step)
-    # (decode, long prompt, embedding) per step: 30 embedding tokens in chunks of 15, then the prompt's 40
+    # (decode, long prompt, embedding) per step: the 15 left after the decode token shared evenly, the
+    # shorter remaining first (water-filling); once the prompt's rest fits in a short step (<= 32 tokens
+    # here) it runs without the embedding every other step, so its first token comes sooner
     assert plans == [
-        (1, 0, 15),
-        (1, 0, 15),
-        (1, 15, 0),
-        (1, 15, 0),
-        (1, 10, 0),  # the prompt's last chunk: its last token gives the first generated token
-        (1, 1, 0),
+        (1, 8, 7),
+        (1, 15, 0),  # 32 left: alone
+        (1, 7, 8),  # shared again
+        (1, 10, 0),  # alone: the prompt's last chunk, whose last token gives the first generated token
+        (1, 1, 14),  # the new stream's decode token, the embedding's rest but one
+        (1, 0, 1),
     ]
     assert h1.final is not None and h1.final.usage.completion_tokens == 2
     # chunked under the budget, the embedding equals the whole input evaluated at once
@@ -289,3 +291,109 @@ def test_the_engine_sizes_the_prefill_cap_from_measured_steps(tmp_path: Path) ->
         assert cap == min(max(int(0.05 / engine._token_s), 32), 256)
     finally:
         engine.shutdown()
+
+
+def test_a_short_prompt_is_not_held_behind_a_long_one(engine: Engine) -> None:
+    """A short prompt arriving while another slot prefills a long one gets its first token from the next
+    step (the budget is shared, and a prompt that finishes within a short step runs alone), and the long
+    prompt keeps advancing; both give the tokens they give alone."""
+    sched = engine.scheduler
+    long_prompt, short = [256, *range(100, 199)], [256, 7, 8, 9]
+    want_long, want_short = _alone(engine, long_prompt, 2), _alone(engine, short, 2)
+    h0, h1 = RequestHandle(), RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=long_prompt, max_tokens=2, sampling=GREEDY, cache_prompt=False), h0)
+    )
+    sched.admit()
+    step = sched.schedule()
+    assert step is not None and step.n_tokens[step.seqs[0]] == BUDGET
+    _run(engine, step)
+    sched.add(
+        Generate(GenerationRequest(prompt=short, max_tokens=2, sampling=GREEDY, cache_prompt=False), h1)
+    )
+    sched.admit()
+    got_short: list[int] = []
+    plans = []
+    while not got_short:
+        step = sched.schedule()
+        assert step is not None
+        plans.append(tuple(step.n_tokens[q] for q in (0, 1)))
+        _run(engine, step)
+        got_short += handle_tokens(h1)
+    assert plans == [(0, 4)]  # the very next step: the short prompt alone
+    step = sched.schedule()
+    assert step is not None and step.n_tokens[0] == BUDGET - 1  # the long prompt beside the decode token
+    _run(engine, step)
+    while (step := sched.schedule()) is not None:
+        _run(engine, step)
+    assert got_short + handle_tokens(h1) == want_short
+    assert handle_tokens(h0) == want_long
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.9, seed=7, ignore_eos=True)])
+def test_a_preempted_request_resumes_with_the_same_text(engine: Engine, sampling: SamplingParams) -> None:
+    """Under the priority policy, a waiting request of higher priority (lower value) takes the slot of the
+    newest lower-priority one; that one is parked with its sampler, re-evaluates its cache in a free slot
+    later and produces exactly the tokens it produces alone (greedy and seeded sampling alike)."""
+    sched = engine.scheduler
+    first, second, urgent = [256, 5, 6, 7], [256, 11, 12, 13, 14], [256, 21, 22]
+    want = [_alone(engine, p, 10) for p in (first, second)]
+    want_sampled = _alone_with(engine, second, 10, sampling)
+    sched.policy = "priority"
+    try:
+        h0, h1, h2 = RequestHandle(), RequestHandle(), RequestHandle()
+        for p, h, prio, sp in ((first, h0, 3, GREEDY), (second, h1, 3, sampling)):
+            req = GenerationRequest(prompt=p, max_tokens=10, sampling=sp, cache_prompt=False, priority=prio)
+            sched.add(Generate(req, h))
+        sched.admit()
+        for _ in range(4):  # both generate a few tokens
+            step = sched.schedule()
+            assert step is not None
+            _run(engine, step)
+        urgent_req = GenerationRequest(prompt=urgent, max_tokens=3, sampling=GREEDY, priority=0)
+        sched.add(Generate(urgent_req, h2))
+        sched.admit()
+        assert sched.n_preemptions == 1
+        assert [s.request.priority if s.request else None for s in sched.slots].count(0) == 1
+        assert len(sched.waiting) == 1 and sched.waiting[0].handle is h1  # the newer one was parked
+        while (step := sched.schedule()) is not None or sched.waiting:
+            if step is not None:
+                _run(engine, step)
+            sched.admit()
+        assert h2.final is not None and h2.final.usage.completion_tokens == 3
+        assert handle_tokens(h0) == want[0]
+        assert h1.final is not None and h1.final.reason == StopReason.LENGTH
+        assert h1.final.usage.prompt_tokens == len(second) and h1.final.usage.completion_tokens == 10
+        assert handle_tokens(h1) == (want[1] if sampling is GREEDY else want_sampled)
+    finally:
+        sched.policy = "fcfs"
+        sched.n_preemptions = 0
+
+
+def test_fcfs_never_preempts(engine: Engine) -> None:
+    sched = engine.scheduler
+    hs = [RequestHandle() for _ in range(3)]
+    for i, h in enumerate(hs):
+        req = GenerationRequest(
+            prompt=[256, 40 + i], max_tokens=2, sampling=GREEDY, priority=5 - 5 * (i == 2)
+        )
+        sched.add(Generate(req, h))
+    sched.admit()
+    assert sched.n_preemptions == 0 and len(sched.waiting) == 1 and sched.waiting[0].handle is hs[2]
+    while (step := sched.schedule()) is not None or sched.waiting:
+        if step is not None:
+            _run(engine, step)
+        sched.admit()
+    assert all(h.final is not None for h in hs)
+
+
+def _alone_with(engine: Engine, prompt: list[int], n: int, sampling: SamplingParams) -> list[int]:
+    sched = engine.scheduler
+    h = RequestHandle()
+    sched.add(
+        Generate(GenerationRequest(prompt=prompt, max_tokens=n, sampling=sampling, cache_prompt=False), h)
+    )
+    sched.admit()
+    while (step := sched.schedule()) is not None:
+        _run(engine, step)
+    return handle_tokens(h)

@@ -20,6 +20,7 @@ from .requests import EmbeddingRequest, FinalEvent, GenerationRequest, ProgressE
 
 if TYPE_CHECKING:
     from .sampling import Sampler
+    from .slot import Parked
 
 __all__ = [
     "Embed",
@@ -131,6 +132,7 @@ class Generate:
     request: GenerationRequest
     handle: RequestHandle
     arrival: float = field(default_factory=time.perf_counter)  # prompt work is served oldest first
+    parked: Parked | None = None  # a preempted request coming back (its request's prompt is its cache)
 
 
 @dataclass(frozen=True, slots=True)

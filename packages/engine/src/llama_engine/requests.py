@@ -62,6 +62,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     # shared drafting tables) computed under another scope are never reused, so a request's counters and
     # timings tell nothing about another scope's prompts ("": the one scope of a server without API keys)
     cache_scope: str = ""
+    # under the engine's `priority` scheduling policy: lower values are served first (vLLM's meaning), and a
+    # waiting request preempts a running one of a higher value; ignored under `fcfs`
+    priority: int = 0
 
 
 class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):

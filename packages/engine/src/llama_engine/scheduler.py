@@ -18,12 +18,14 @@ likewise a request with a grammar waits for the grammar's view of the vocabulary
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from .batch import Batch
@@ -39,7 +41,7 @@ from .progress import progress_event
 from .requests import FinalEvent, GenerationRequest, StopReason, Timings, TokenEvent, Usage
 from .sampling import DryVocab, Sampler, SamplingParams
 from .sampling.reasoning_budget import piece_complete
-from .slot import NO_REQUEST, Slot, SlotState, common_prefix, lora_key, shift_sizes
+from .slot import NO_REQUEST, Parked, Slot, SlotState, common_prefix, lora_key, shift_sizes
 from .step import Step, StepBuilder, drafts_that_fit
 from .tokenizer import Tokenizer
 from .vocab_tables import build_dry_vocab, in_background
@@ -49,6 +51,15 @@ if TYPE_CHECKING:
     from .speculative import Speculator
 
 __all__ = ["Scheduler"]
+
+log = logging.getLogger("llama_engine")
+
+CONTENDED_S = 30.0  # seconds after requests last ran side by side during which every prompt step is capped
+
+
+def _left(w: Slot | EmbeddingJob) -> int:
+    """Prompt tokens a prefilling slot or embedding job still has to run."""
+    return w.n_left if isinstance(w, EmbeddingJob) else len(w.prompt) - len(w.tokens)
 
 
 class Scheduler:
@@ -85,6 +96,12 @@ class Scheduler:
         # prompt and embedding tokens a step may add to decode tokens (the engine sizes it from measured
         # step times, so streams keep a steady pace beside a long prompt); n_batch: no bound
         self.prefill_cap = n_batch
+        self._alone = False  # the previous step ran short prompts without the long ones (`schedule`)
+        self._contended_at = -CONTENDED_S  # when requests last ran side by side (`_contended`)
+        # "fcfs": waiting requests take free slots in arrival order; "priority": by (priority, arrival), and
+        # one that finds no free slot preempts a running request of a higher priority value (vLLM's policy)
+        self.policy = "fcfs"
+        self.n_preemptions = 0
         self.speculator: Speculator | None = None  # drafts for generating slots (speculative decoding)
         self.prompt_cache: PromptCache | None = None  # slot caches saved to host RAM (--cache-ram)
         self.rank_head: Callable[[np.ndarray], np.ndarray] | None = None  # rank pooling's classifier
@@ -122,7 +139,15 @@ class Scheduler:
             self.embeddings.append(EmbeddingJob(msg.request, msg.handle, msg.arrival))
 
     def admit(self) -> None:
-        """Move waiting requests into idle slots."""
+        """Move waiting requests into idle slots; under the `priority` policy, in priority order, preempting
+        running requests of lower priority when no slot is free."""
+        if self.policy == "priority":
+            self.waiting = deque(sorted(self.waiting, key=lambda m: (m.request.priority, m.arrival)))
+        self._admit()
+        while self.policy == "priority" and self.waiting and self._preempt_for(self.waiting):
+            self._admit()
+
+    def _admit(self) -> None:
         still: deque[Generate] = deque()
         while self.waiting:
             msg = self.waiting.popleft()
@@ -137,7 +162,7 @@ class Scheduler:
             if isinstance(dry, BaseException):
                 msg.handle._emit(self._final(None, req, StopReason.ERROR, error=f"DRY: {dry}"))
                 continue
-            grammar = self._grammar_ready() if req.sampling.grammar else None
+            grammar = self._grammar_ready() if req.sampling.grammar and msg.parked is None else None
             if grammar is False:
                 still.append(msg)
                 continue
@@ -149,7 +174,9 @@ class Scheduler:
                 still.append(msg)
                 continue
             try:
-                matcher = self._matcher(req.sampling)
+                matcher = (
+                    self._matcher(req.sampling) if msg.parked is None else None
+                )  # a parked one has its own
             except (GrammarError, ValueError) as e:
                 msg.handle._emit(self._final(None, req, StopReason.ERROR, error=str(e)))
                 continue
@@ -157,6 +184,54 @@ class Scheduler:
             if self.prompt_cache is not None:
                 self.prompt_cache.after_start(self.slots, self.checkpoints)
         self.waiting = still
+
+    # -- preemption (the `priority` policy) ----------------------------------------------------------------
+
+    def _preempt_for(self, waiting: deque[Generate]) -> bool:
+        """Free a slot for the first waiting request that outranks a running one; True when one was freed."""
+        for msg in waiting:
+            if msg.handle.cancelled.is_set() or (
+                msg.parked is None and not self._tables_ready(msg.request.sampling)
+            ):
+                continue  # not admissible now: a slot freed for it would go to another
+            want = msg.request.priority
+            running = [
+                s
+                for s in self.slots
+                if s.state != SlotState.IDLE
+                and s.request is not None
+                and s.request.priority > want
+                and (msg.request.slot < 0 or s.id == msg.request.slot)
+            ]
+            if running:  # the lowest priority, then the newest: it has the least work to lose
+                victim = max(running, key=lambda s: (s.request.priority, s.arrival))  # type: ignore[union-attr]
+                self._preempt(victim)
+                return True
+            if msg.request.slot < 0 or self.slots[msg.request.slot].state == SlotState.IDLE:
+                return False  # the first in line finds nothing to preempt: neither will those after it
+        return False
+
+    def _preempt(self, s: Slot) -> None:
+        """Set a running request aside, queued again at its arrival: one still evaluating its prompt starts
+        over (its evaluated part stays in the cache for reuse); a generating one is parked with its sampler
+        and resumes from its next token. Its cells stay with the idle slot, where the prompt cache saves
+        them before another request overwrites them."""
+        assert s.request is not None and s.handle is not None
+        handle = s.handle
+        if s.state == SlotState.PROMPT:
+            again = Generate(s.request, handle, s.arrival)  # type: ignore[arg-type]
+        else:
+            parked = Parked.of(s)
+            resume = msgspec.structs.replace(
+                s.request, prompt=list(s.tokens), return_progress=False, cache_prompt=True, slot=-1
+            )
+            again = Generate(resume, handle, s.arrival, parked)  # type: ignore[arg-type]
+        self.n_preemptions += 1
+        log.info("slot %d: request preempted by one of higher priority (%d tokens kept)", s.id, len(s.tokens))
+        s.state = SlotState.IDLE
+        s.request = s.emit = s.sampler = s.detok = s.handle = None
+        s.held, s.drafts, s.cancelled, s.parked = "", [], NO_REQUEST, None
+        self.waiting.append(again)
 
     def set_dry_vocab(self, table: Future[DryVocab]) -> None:
         """Use this DRY table (done or still being built); the loop is woken when it is ready."""
@@ -222,6 +297,7 @@ class Scheduler:
         req = msg.request
         prompt = req.prompt
         slot.request, slot.emit, slot.cancelled = req, msg.handle._emit, msg.handle.cancelled
+        slot.handle, slot.parked = msg.handle, msg.parked
         slot.prompt = np.asarray(prompt, np.int32)
         slot.arrival, slot.t_start = msg.arrival, time.perf_counter()
         slot.n_prompt = len(prompt)
@@ -241,6 +317,9 @@ class Scheduler:
         slot.tokens = list(prompt[:reused])
         slot.n_cached = reused
         self.checkpoints.keep_below(slot.id, reused)
+        slot.state = SlotState.PROMPT
+        if msg.parked is not None:  # preempted: its cache is evaluated again, then it goes on as it was
+            return
         params = req.sampling
         vocab = self._dry_vocab.result() if params.dry_multiplier != 0 and self._dry_vocab else None
         slot.sampler = msg.handle.sampler = Sampler(  # the handle's: a control request reaches the budget
@@ -254,7 +333,6 @@ class Scheduler:
         )
         slot.sampler.accept_many(prompt)
         slot.detok = self.tokenizer.streaming(req.special)
-        slot.state = SlotState.PROMPT
         if req.return_progress:  # llama.cpp's first update: nothing evaluated yet (processed == cache)
             msg.handle._emit(progress_event(slot, start=True))
 
@@ -298,26 +376,50 @@ class Scheduler:
         for s in self.slots:
             if s.state == SlotState.GENERATE and b.room > 0 and s.lora == key:
                 self._schedule_decode(s)
-        if b.room < self.n_batch:  # streams are decoding: keep their step short
-            b.cap(self.prefill_cap)
         prefill: list[Slot | EmbeddingJob] = [
             s for s in self.slots if s.state == SlotState.PROMPT and s.lora == key
         ]
         if self.embeddings and lora_key(self.embeddings[0].request.lora) == key:
             prefill.append(self.embeddings[0])
-        prefill.sort(key=lambda w: w.arrival)
-        embedding = 0  # tokens of the embedding chunk: budgeted in arrival order, placed last
-        for w in prefill:
+        contended = self._contended()  # first: it notes this step's company
+        if b.room < self.n_batch or len(prefill) > 1 or contended:
+            b.cap(self.prefill_cap)  # others wait, or are likely to arrive, for this step: keep it short
+        # when not all of it fits, prompts that finish within a fraction of the step run in a step of
+        # their own (every other step at most, so a long prompt beside a stream of short ones still
+        # advances): their first token does not wait for another prompt's chunk
+        small = max(self.prefill_cap // 4, 32)
+        short: list[Slot | EmbeddingJob] = [w for w in prefill if isinstance(w, Slot) and _left(w) <= small]
+        crowded = sum(_left(w) for w in prefill) > b.room
+        self._alone = crowded and bool(short) and len(short) < len(prefill) and not self._alone
+        if self._alone:
+            prefill = short
+        # the budget shared fairly (water-filling): the shortest remaining prompts first, each taking at
+        # most an even share of what is left, so a short prompt is not held behind another's long one
+        prefill.sort(key=lambda w: (_left(w), w.arrival))
+        embedding = 0  # tokens of the embedding chunk: budgeted with the others, placed last
+        for i, w in enumerate(prefill):
             if b.room == 0:
                 break
+            share = max(b.room // (len(prefill) - i), 1)
             if isinstance(w, Slot):
-                self._schedule_prompt(w)
+                self._schedule_prompt(w, share)
             else:
-                embedding = min(w.n_left, b.room)
+                embedding = min(w.n_left, share)
                 b.reserve(embedding)
         if embedding:
             self._schedule_embedding(self.embeddings[0], embedding)
         return b.finish()
+
+    def _contended(self) -> bool:
+        """Whether requests have recently run side by side (within CONTENDED_S): then a prompt running alone
+        is also chunked short, since another request is likely to arrive during its step. A lone user's
+        long prompt keeps whole `n_batch` chunks (a mixture-of-experts model reads its experts once per step:
+        short chunks would cost it most)."""
+        now = time.perf_counter()
+        active = sum(s.state != SlotState.IDLE for s in self.slots) + len(self.waiting) + len(self.embeddings)
+        if active > 1:
+            self._contended_at = now
+        return len(self.slots) > 1 and now - self._contended_at < CONTENDED_S
 
     def _next_lora(self) -> tuple[float, ...]:
         """The adapter scales this step runs: work under different scales is never batched together, so
@@ -351,9 +453,9 @@ class Scheduler:
             self.kv.recurrent.snapshot(s.id)
         self._builder.add_decode(s.id, s.next_token, drafts, len(s.tokens))
 
-    def _schedule_prompt(self, s: Slot) -> None:
+    def _schedule_prompt(self, s: Slot, limit: int) -> None:
         start = len(s.tokens)
-        n = self.checkpoints.chunk(start, min(len(s.prompt) - start, self._builder.room), len(s.prompt))
+        n = self.checkpoints.chunk(start, min(len(s.prompt) - start, limit), len(s.prompt))
         self.checkpoints.before_chunk(s.id, s.t_start, start, n, len(s.prompt), start == s.n_cached)
         last = start + n == len(s.prompt)
         self._builder.add_chunk(
@@ -398,6 +500,10 @@ class Scheduler:
         if s.request.return_progress:
             s.emit(progress_event(s))  # type: ignore[misc]
         if row is None:
+            return
+        if s.parked is not None:  # a preempted request's cache is whole again: it goes on from its next token
+            s.parked.restore(s)
+            s.parked = None
             return
         s.state = SlotState.GENERATE
         s.t_prompt_done = time.perf_counter()
@@ -590,8 +696,8 @@ class Scheduler:
         emit = s.emit
         # idle before the final event leaves: a client that reads it and asks for the slots sees it free
         s.state = SlotState.IDLE
-        s.request = s.emit = s.sampler = s.detok = None
-        s.held, s.drafts, s.cancelled = "", [], NO_REQUEST
+        s.request = s.emit = s.sampler = s.detok = s.handle = None
+        s.held, s.drafts, s.cancelled, s.parked = "", [], NO_REQUEST, None
         emit(final)
 
     def _final(

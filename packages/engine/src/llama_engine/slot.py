@@ -12,7 +12,16 @@ import numpy as np
 from .requests import FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .sampling import Sampler
 
-__all__ = ["NO_REQUEST", "Emit", "Slot", "SlotState", "common_prefix", "lora_key", "shift_sizes"]
+__all__ = [
+    "NO_REQUEST",
+    "Emit",
+    "Parked",
+    "Slot",
+    "SlotState",
+    "common_prefix",
+    "lora_key",
+    "shift_sizes",
+]
 
 Emit = Callable[[TokenEvent | ProgressEvent | FinalEvent], None]
 NO_REQUEST = threading.Event()  # the cancel event of a slot with no request
@@ -52,6 +61,47 @@ class Slot:
     lora: tuple[float, ...] = ()  # the adapter scales the cached tokens were computed under
     scope: str = ""  # whose cached tokens these are (GenerationRequest.cache_scope); only it reuses them
     truncated: bool = False  # the current request's context shifted or filled up (FinalEvent.truncated)
+    parked: Parked | None = None  # a preempted request re-evaluating its cache here before it resumes
+    handle: object = None  # the RequestHandle of the current request (preemption queues it again)
+
+
+@dataclass(slots=True, eq=False)
+class Parked:
+    """A generating request set aside for one of higher priority (`Scheduler` under the `priority` policy):
+    everything its slot held about it but the cache cells. It resumes in any free slot: the cells come
+    back from the prompt cache or are computed again, then generation goes on from `next_token` with the
+    same sampler (its random state and histories), so the text is the one it would have produced."""
+
+    request: GenerationRequest  # the original request (the resume re-evaluates `tokens` as its prompt)
+    tokens: list[int]  # what its cache held
+    sampler: Sampler | None
+    detok: object
+    next_token: int
+    n_prompt: int
+    n_cached: int
+    n_generated: int
+    n_drafted: int
+    n_draft_accepted: int
+    held: str
+    t_start: float
+    t_prompt_done: float
+    truncated: bool
+
+    @classmethod
+    def of(cls, s: Slot) -> Parked:
+        assert s.request is not None
+        return cls(
+            s.request, list(s.tokens), s.sampler, s.detok, s.next_token, s.n_prompt, s.n_cached,
+            s.n_generated, s.n_drafted, s.n_draft_accepted, s.held, s.t_start, s.t_prompt_done, s.truncated,
+        )  # fmt: skip
+
+    def restore(self, s: Slot) -> None:
+        """Back into a slot whose cache now holds `tokens`: generating again."""
+        s.request, s.sampler, s.detok, s.next_token = self.request, self.sampler, self.detok, self.next_token
+        s.n_prompt, s.n_cached, s.n_generated = self.n_prompt, self.n_cached, self.n_generated
+        s.n_drafted, s.n_draft_accepted, s.held = self.n_drafted, self.n_draft_accepted, self.held
+        s.t_start, s.t_prompt_done, s.truncated = self.t_start, self.t_prompt_done, self.truncated
+        s.state = SlotState.GENERATE
 
 
 def lora_key(scales: tuple[float, ...]) -> tuple[float, ...]:

@@ -75,6 +75,10 @@ def model_status(inst: Instance, command: tuple[str, ...]) -> dict[str, Any]:
     )
     st: dict[str, Any] = {"value": inst.status, "args": args}
     st["preset"] = inst.entry.preset_text()
+    if inst.entry.pinned:
+        st["pinned"] = True
+    if inst.running and inst.unload_at is not None:  # keep-alive: when it unloads if still idle then
+        st["unload_at"] = round(inst.unload_at, 3)
     if inst.exit_code is not None and inst.exit_code != 0 and not inst.running:
         st["exit_code"], st["failed"] = inst.exit_code, True
     return st
@@ -245,10 +249,12 @@ def create_app(config: RouterConfig) -> Any:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         await manager.start_up()
         checker = asyncio.ensure_future(check_replicas(manager, client))
+        keeper = asyncio.ensure_future(manager.keep_alive_loop())
         try:
             yield
         finally:
             checker.cancel()
+            keeper.cancel()
             await app.state.downloads.shutdown()
             await manager.shutdown()
             await proxy.upstream.aclose()

@@ -15,6 +15,7 @@ from pathlib import Path
 from llama_tools.hub.cache import list_cached, resolve_cached
 
 from . import options as opts
+from .keep_alive import KeepAliveError, parse_keep_alive
 from .preset import PresetError, canonical_name, parse_ini, render_ini
 
 __all__ = ["CatalogueError", "Entry", "build_catalogue", "parse_keys", "read_key_file", "scan_models_dir"]
@@ -48,6 +49,8 @@ class Entry:
     tags: tuple[str, ...] = ()
     load_on_startup: bool = False
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    pinned: bool = False  # `pin = true`: never unloaded by keep-alive nor evicted (llama_router.keep_alive)
+    keep_alive: float | None = None  # `keep-alive`: this model's default (None: the router's)
     dedup: bool = False
     hidden: bool = False
     remote: tuple[str, ...] = ()  # URLs of remote llama-servers serving this model (no local child)
@@ -233,6 +236,11 @@ def _apply_special(entry: Entry, special: dict[str, str], startup: bool) -> None
     if entry.stop_timeout < 0:
         entry.stop_timeout = DEFAULT_STOP_TIMEOUT
     entry.dedup = opts.parse_bool(special.get("dedup-cache-models", "false")) is True
+    entry.pinned = opts.parse_bool(special.get("pin", "false")) is True
+    try:
+        entry.keep_alive = parse_keep_alive(special["keep-alive"]) if "keep-alive" in special else None
+    except KeepAliveError as e:
+        raise CatalogueError(f"[{entry.name}] keep-alive: {e}") from None
     entry.remote = _split_list(special.get("remote"))
 
 

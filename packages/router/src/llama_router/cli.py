@@ -23,6 +23,7 @@ from llama_tools import cors_options, cors_policy_from_options, tools_config_fro
 from . import options as opts
 from .catalogue import CatalogueError, parse_keys, read_key_file
 from .config import RouterConfig
+from .keep_alive import KeepAliveError, parse_keep_alive
 
 __all__ = ["long_form_args", "main", "parse_child_options", "server_command"]
 
@@ -132,6 +133,13 @@ def _remote_keys(keys: str | None, path: str | None) -> tuple[str, ...]:
         raise click.UsageError(str(e)) from None
 
 
+def _duration(value: str, flag: str) -> float:
+    try:
+        return parse_keep_alive(value)
+    except KeepAliveError as e:
+        raise click.UsageError(f"{flag}: {e}") from None
+
+
 _CTX = {
     "help_option_names": ["-h", "--help"],
     "ignore_unknown_options": True,
@@ -176,6 +184,19 @@ _CTX = {
     type=click.Path(dir_okay=False),
     help="File of remote API keys, one per line (as --remote-api-key's list).",
 )
+@click.option(
+    "--keep-alive",
+    default="-1",
+    envvar="LLAMA_ARG_KEEP_ALIVE",
+    help="How long a model stays loaded after its last request: seconds or a duration (30s, 5m, 1h); "
+    "negative: until evicted (default). A request's `keep_alive` overrides it.",
+)
+@click.option(
+    "--keep-alive-max",
+    default="-1",
+    envvar="LLAMA_ARG_KEEP_ALIVE_MAX",
+    help="The longest keep-alive a request or preset may ask for (negative: no bound).",
+)
 @click.option("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI")
 @click.option("--path", "static_path", envvar="LLAMA_ARG_STATIC_PATH", type=click.Path(file_okay=False))
 @click.option("-v", "--verbose", is_flag=True)
@@ -217,6 +238,8 @@ def command(ctx: click.Context, **kw: Any) -> None:
         static_path=kw["static_path"],
         health_interval=max(kw["replica_check_interval"], 0.1),
         remote_api_keys=_remote_keys(kw["remote_api_key"], kw["remote_api_key_file"]),
+        keep_alive=_duration(kw["keep_alive"], "--keep-alive"),
+        keep_alive_max=_duration(kw["keep_alive_max"], "--keep-alive-max"),
     )
     from .app import create_app
 

@@ -32,5 +32,7 @@ class RouterConfig:
     webui: bool = True
     static_path: str | None = None
     health_interval: float = 5.0  # seconds between health checks of remote replicas
+    keep_alive: float = -1.0  # --keep-alive: seconds a model stays loaded after a request (< 0: no limit)
+    keep_alive_max: float = -1.0  # --keep-alive-max: the bound of every keep-alive (< 0: none)
     # the key(s) sent to the replicas of remote entries that name none (`--remote-api-key[-file]`)
     remote_api_keys: tuple[str, ...] = field(default=(), repr=False)

@@ -16,6 +16,7 @@ from typing import Any
 from .catalogue import Entry, build_catalogue
 from .child import ChildProcess
 from .config import RouterConfig
+from .keep_alive import effective_keep_alive
 from .replicas import Replica, replicas_of
 
 __all__ = ["RUNNING", "Instance", "LoadError", "ModelManager"]
@@ -58,6 +59,7 @@ class Instance:
     next_spawn: float = 0.0
     loaded_at: float = 0.0
     replicas: list[Replica] = field(default_factory=list)
+    unload_at: float | None = None  # time.time() after which an idle model is unloaded (keep-alive)
 
     @property
     def name(self) -> str:
@@ -128,6 +130,7 @@ class ModelManager:
                     entry.tags,
                     entry.hidden,
                 )
+                inst.entry.pinned, inst.entry.keep_alive = entry.pinned, entry.keep_alive
         self.aliases = {}
         for inst in self.instances.values():
             for a in inst.entry.aliases:
@@ -248,6 +251,8 @@ class ModelManager:
             inst.loaded_at = time.monotonic()
             if first:
                 inst.load_seq += 1
+                if inst.in_flight == 0:  # loaded with nothing to serve (`POST /models/load`): the clock runs
+                    self.arm(inst, None)
             self._set_status(inst, "loaded", **extra)
         elif state == "sleeping":
             self._set_status(inst, "sleeping")
@@ -259,6 +264,7 @@ class ModelManager:
             return
         was = inst.status
         inst.child, inst.stopping, inst.exit_code = None, False, code
+        inst.unload_at = None
         if was == "loading":
             inst.load_failed = True
             inst.load_seq += 1
@@ -312,7 +318,7 @@ class ModelManager:
             i
             for i in self.instances.values()
             if i.status in ("loaded", "sleeping")
-            and not (i.stopping or i.entry.remote or i.in_flight or i.name in keep)
+            and not (i.stopping or i.entry.remote or i.entry.pinned or i.in_flight or i.name in keep)
         ]
         return min(idle, key=lambda i: i.last_used) if idle else None
 
@@ -371,10 +377,43 @@ class ModelManager:
         if post:
             inst.last_used = time.monotonic()
 
-    def release(self, inst: Instance) -> None:
+    def release(self, inst: Instance, keep_alive: float | None = None) -> None:
+        """A request ended; `keep_alive`: the seconds it asked the model to stay loaded (None: default)."""
         inst.in_flight -= 1
+        self.arm(inst, keep_alive)
         if inst.in_flight == 0:
             self._spawn(self.notify())
+            if inst.unload_at is not None and inst.unload_at <= time.time():
+                self.expire()
+
+    # -- keep-alive (llama_router.keep_alive) -----------------------------------------------------------
+
+    def arm(self, inst: Instance, requested: float | None) -> None:
+        """Start the model's keep-alive clock: the request's value, the preset's, else the router's."""
+        default = inst.entry.keep_alive if inst.entry.keep_alive is not None else self.config.keep_alive
+        keep = effective_keep_alive(requested, default, self.config.keep_alive_max)
+        inst.unload_at = None if keep < 0 or inst.entry.pinned else time.time() + keep
+
+    def expire(self) -> None:
+        """Unload every idle model whose keep-alive has run out (pinned ones never are)."""
+        now = time.time()
+        for inst in self.instances.values():
+            if (
+                inst.unload_at is not None
+                and inst.unload_at <= now
+                and inst.status in ("loaded", "sleeping")
+                and not (inst.stopping or inst.in_flight or inst.entry.pinned or inst.entry.remote)
+            ):
+                log.info("%s: unloading, idle past its keep-alive", inst.name)
+                inst.unload_at = None
+                inst.stopping = True
+                self._spawn(self.stop(inst))
+
+    async def keep_alive_loop(self, interval: float = 0.5) -> None:
+        """Check the keep-alive clocks every `interval` seconds (the app's lifespan runs it)."""
+        while True:
+            await asyncio.sleep(interval)
+            self.expire()
 
     # -- management routes ---------------------------------------------------------------------------
 

@@ -212,6 +212,8 @@ PRESET_ONLY = frozenset(
     {
         "load-on-startup",
         "stop-timeout",
+        "pin",
+        "keep-alive",
         "dedup-cache-models",
         "remote",
         "remote-api-key",

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs
 import httpx
 from llama_tools.auth import key_scope
 
+from .keep_alive import KeepAliveError, parse_keep_alive
 from .models import Instance, LoadError, ModelManager
 from .replicas import pick_replica
 from .streams import child_id
@@ -127,6 +128,19 @@ def model_from_body(body: bytes) -> str:
     return m if isinstance(m, str) else ""
 
 
+def keep_alive_from_body(body: bytes) -> float | None:
+    """The request's `keep_alive` in seconds (None: not given); KeepAliveError when malformed."""
+    if b"keep_alive" not in body:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("keep_alive") is None:
+        return None
+    return parse_keep_alive(data["keep_alive"])
+
+
 class Proxy:
     """The proxied routes of one router."""
 
@@ -155,6 +169,11 @@ class Proxy:
         inst = self.manager.resolve(name)
         if inst is None:
             await send_error(send, 400, f"model '{name}' not found", "invalid_request_error")
+            return
+        try:
+            keep_alive = keep_alive_from_body(body) if method == "POST" else None
+        except KeepAliveError as e:
+            await send_error(send, 400, str(e), "invalid_request_error")
             return
         conv = headers.get(b"x-conversation-id", b"").decode("utf-8", "replace")
         if conv and self.manager.config.api_keys:  # the id the map and the child know: the key's own
@@ -187,7 +206,7 @@ class Proxy:
                     return
                 await self._forward(inst, scope, body, send, disconnected, method == "POST")
             finally:
-                self.manager.release(inst)
+                self.manager.release(inst, keep_alive)
         finally:
             disconnected.cancel()
 

@@ -111,6 +111,8 @@ def _opts(f: Any) -> Any:
         o("--models-preset", envvar="LLAMA_ARG_MODELS_PRESET", help="Router mode: INI file of presets."),
         o("--models-max", type=int, default=4, envvar="LLAMA_ARG_MODELS_MAX", help="Router mode."),
         o("--models-autoload/--no-models-autoload", default=True, envvar="LLAMA_ARG_MODELS_AUTOLOAD"),
+        o("--keep-alive", envvar="LLAMA_ARG_KEEP_ALIVE", help="Router mode: how long an idle model stays."),
+        o("--keep-alive-max", envvar="LLAMA_ARG_KEEP_ALIVE_MAX", help="Router mode: the longest keep-alive."),
         o("--tags", envvar="LLAMA_ARG_TAGS", help="Comma-separated informational tags."),
         # context, batching, slots
         o(
@@ -190,6 +192,15 @@ def _opts(f: Any) -> Any:
             help="Flash attention: on, off or auto (auto: on only when a quantized V cache needs it).",
         ),
         o("--slot-save-path", type=click.Path(file_okay=False), help="Directory for slot save/restore."),
+        o(
+            "--scheduling-policy",
+            type=click.Choice(["fcfs", "priority"]),
+            default="fcfs",
+            envvar="LLAMA_ARG_SCHEDULING_POLICY",
+            show_default=True,
+            help="fcfs: requests take slots in arrival order; priority: by the request's `priority` (lower "
+            "first), preempting running requests of lower priority.",
+        ),
         o(
             "--store",
             "store_path",
@@ -471,6 +482,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         static_path=kw["static_path"] or None,
         slot_save_path=kw["slot_save_path"],
         store_path=kw["store_path"],
+        scheduling_policy=kw["scheduling_policy"],
         store_quota_mib=kw["store_quota"],
         jinja=kw["jinja"],
         chat_template=template,

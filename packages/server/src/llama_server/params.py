@@ -150,6 +150,9 @@ def build_request(
     if seed_offset and sp.seed != 0xFFFFFFFF:
         sp = msgspec.structs.replace(sp, seed=(sp.seed + seed_offset) & 0xFFFFFFFF)
     slot = _pick(p.id_slot, -1)
+    priority = _pick(p.priority, 0)
+    if priority and cfg.scheduling_policy != "priority":  # vLLM's answer
+        raise ApiError(f"Got priority {priority} but Priority scheduling is not enabled.")
     return GenerationRequest(
         prompt=prompt,
         max_tokens=p.n_predict_value(cfg),
@@ -165,6 +168,7 @@ def build_request(
         timings_per_token=bool(p.timings_per_token),
         return_progress=bool(p.return_progress and p.stream),  # progress events exist only in a stream
         special=cfg.special,
+        priority=priority,
     )
 
 

@@ -171,6 +171,7 @@ class GenParams(msgspec.Struct, kw_only=True):
     n_cmpl: NChoices | None = None
     n: NChoices | None = None
     n_cache_reuse: NonNeg | None = None
+    priority: Int32 | None = None  # with --scheduling-policy priority: lower is served first (vLLM's)
     t_max_predict_ms: MinusOneUp | None = None
     stop: Stop | Annotated[list[Stop], msgspec.Meta(max_length=64)] | None = None
     ignore_eos: bool | None = None

@@ -215,6 +215,7 @@ class ServerState:
                     checkpoints=cfg.checkpoints,
                     cache_ram_mib=cfg.cache_ram[0],
                     cache_idle_slots=cfg.cache_ram[1],
+                    scheduling_policy=cfg.scheduling_policy,
                 ),
             ).start()
             engine.tokenizer.warmup()

@@ -51,6 +51,7 @@ _PASSED_THROUGH = (
     "timings_per_token",
     "cache_prompt",
     "id_slot",
+    "priority",
 )
 
 

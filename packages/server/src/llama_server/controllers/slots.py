@@ -61,6 +61,8 @@ class SlotsController(Controller):
             entry["is_processing"] = busy
             rec = st.slots.get(slot.id)
             mine = slot.scope == scope
+            if st.config.scheduling_policy == "priority":
+                entry["priority"] = slot.priority if busy and mine else 0
             if rec is not None and rec.scope != scope:
                 rec = SlotRecord()
             if rec is not None:
