@@ -271,3 +271,48 @@ def test_quota_and_bad_database(tmp_path: Path) -> None:
         sdk.conversations.create(items=[{"role": "user", "content": "fits again"}])
     finally:
         stop_server(s)
+
+
+def test_store_bounds_and_chains(tmp_path: Path) -> None:
+    """The store alone: empty conversations count against the quota too, deleting gives the room back, a
+    chain through a deleted response starts after it, pages follow `after`."""
+    from llama_server.errors import ApiError
+    from llama_server.store import Store
+
+    st = Store(tmp_path / "s.db", quota_bytes=10_000)
+    made = []
+    with pytest.raises(ApiError) as info:
+        for _ in range(1000):
+            made.append(st.create_conversation("me", [], {"name": "x" * 100})["id"])
+    assert info.value.code == 413 and 20 < len(made) < 40
+    assert st.used("me") >= 10_000 and st.used("other") == 0
+    for conv in made:
+        st.delete_conversation("me", conv)
+    assert st.used("me") == 0
+    conv = st.create_conversation("me", [], {})["id"]
+    assert st.list_conversations("other", 20, "desc", None).data == []
+
+    def respond(rid: str, prev: str | None, text: str) -> None:
+        body = {
+            "id": rid,
+            "created_at": 0,
+            "previous_response_id": prev,
+            "output": [{"id": f"o{rid}", "text": text}],
+        }
+        st.save_response("me", body, [{"id": f"i{rid}", "type": "message"}], keep=True, conversation=None)
+
+    respond("r1", None, "a")
+    respond("r2", "r1", "b")
+    respond("r3", "r2", "c")
+    assert [i["id"] for i in st.context("me", "r3")] == ["ir1", "or1", "ir2", "or2", "ir3", "or3"]
+    st.delete_response("me", "r2")
+    assert [i["id"] for i in st.context("me", "r3")] == ["ir3", "or3"]
+    with pytest.raises(ApiError):
+        st.context("other", "r3")
+    items = [{"id": f"m{i}", "type": "message", "role": "user", "content": []} for i in range(7)]
+    st.add_items("me", conv, items)
+    page = st.list_items("me", conv, 3, "asc", None)
+    assert [i["id"] for i in page.data] == ["m0", "m1", "m2"] and page.has_more
+    page = st.list_items("me", conv, 3, "asc", "m5")
+    assert [i["id"] for i in page.data] == ["m6"] and not page.has_more
+    st.close()

@@ -7,8 +7,9 @@ key that made it (`llama_tools.auth.key_scope`: a digest of the key, "" without 
 
 Each change is one transaction, so a crash or `kill -9` at any moment leaves the database as it was
 before or after that change (SQLite's WAL journal), never half-written. Each owner holds at most
-`quota_bytes` of items and responses (their JSON); a request that finds its owner at the quota is refused
-before any work, so one response may overshoot it by its own size.
+`quota_bytes` of conversations (ROW_BYTES each, with their metadata's JSON), items and responses (their
+JSON); a request that finds its owner at the quota is refused before any work, so one response may
+overshoot it by its own size.
 
 The methods block (SQLite I/O): handlers call the readers through a worker thread. Writes made when a
 response completes run on the event loop, so the object is stored before its last event is sent.
@@ -39,13 +40,15 @@ __all__ = [
 SCHEMA_VERSION = 1
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit on items given when creating a conversation or adding items
 MAX_CHAIN = 100_000  # responses followed back along previous_response_id (a chain is acyclic by making)
+ROW_BYTES = 256  # what a conversation itself counts against the quota, beside its metadata's JSON
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     created_at INTEGER NOT NULL,
-    metadata TEXT NOT NULL
+    metadata TEXT NOT NULL,
+    size INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS conversations_by_owner ON conversations(owner, created_at);
 CREATE TABLE IF NOT EXISTS items (
@@ -260,11 +263,14 @@ class Store:
     ) -> dict[str, Any]:
         self.check_room(owner)
         conv_id, created = "conv_" + random_id(), int(time.time())
+        meta = _json(metadata)
+        size = ROW_BYTES + len(meta.encode())
         with self._tx() as db:
             db.execute(
-                "INSERT INTO conversations(id, owner, created_at, metadata) VALUES(?, ?, ?, ?)",
-                (conv_id, owner, created, _json(metadata)),
+                "INSERT INTO conversations(id, owner, created_at, metadata, size) VALUES(?, ?, ?, ?, ?)",
+                (conv_id, owner, created, meta, size),
             )
+            self._charge(db, owner, size)
             self._append(db, owner, conv_id, items)
         return {"id": conv_id, "object": "conversation", "created_at": created, "metadata": metadata}
 
@@ -295,26 +301,30 @@ class Store:
         return Page([self._conversation(r) for r in rows[:limit]], len(rows) > limit)
 
     def update_conversation(self, owner: str, conv_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        meta = _json(metadata)
+        size = ROW_BYTES + len(meta.encode())
         with self._tx() as db:
-            cur = db.execute(
-                "UPDATE conversations SET metadata = ? WHERE id = ? AND owner = ?",
-                (_json(metadata), conv_id, owner),
-            )
-            if cur.rowcount == 0:
+            row = db.execute(
+                "SELECT size FROM conversations WHERE id = ? AND owner = ?", (conv_id, owner)
+            ).fetchone()
+            if row is None:
                 raise _not_found("Conversation", conv_id)
+            db.execute("UPDATE conversations SET metadata = ?, size = ? WHERE id = ?", (meta, size, conv_id))
+            self._charge(db, owner, size - int(row[0]))
         return self.get_conversation(owner, conv_id)
 
     def delete_conversation(self, owner: str, conv_id: str) -> dict[str, Any]:
         with self._tx() as db:
-            size = db.execute(
-                "SELECT COALESCE(SUM(size), 0) FROM items WHERE conversation = ? AND conversation IN "
-                "(SELECT id FROM conversations WHERE owner = ?)",
-                (conv_id, owner),
-            ).fetchone()[0]
-            cur = db.execute("DELETE FROM conversations WHERE id = ? AND owner = ?", (conv_id, owner))
-            if cur.rowcount == 0:
+            row = db.execute(
+                "SELECT size FROM conversations WHERE id = ? AND owner = ?", (conv_id, owner)
+            ).fetchone()
+            if row is None:
                 raise _not_found("Conversation", conv_id)
-            self._charge(db, owner, -int(size))
+            items = db.execute(
+                "SELECT COALESCE(SUM(size), 0) FROM items WHERE conversation = ?", (conv_id,)
+            ).fetchone()[0]
+            db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+            self._charge(db, owner, -int(row[0]) - int(items))
         return {"id": conv_id, "object": "conversation.deleted", "deleted": True}
 
     def _owned(self, db: sqlite3.Connection, owner: str, conv_id: str) -> None:
