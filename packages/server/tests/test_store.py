@@ -315,4 +315,20 @@ def test_store_bounds_and_chains(tmp_path: Path) -> None:
     assert [i["id"] for i in page.data] == ["m0", "m1", "m2"] and page.has_more
     page = st.list_items("me", conv, 3, "asc", "m5")
     assert [i["id"] for i in page.data] == ["m6"] and not page.has_more
+    # the web UI's extension: an item's metadata object is kept, and an item can be replaced in place
+    from llama_server.store import normalize_items
+
+    before = st.used("me")
+    new = normalize_items(
+        [{"role": "assistant", "content": "done", "metadata": {"message": {"status": "ok"}}}]
+    )[0]
+    st.replace_item("me", conv, "m3", new)
+    got = st.get_item("me", conv, "m3")
+    assert got["metadata"] == {"message": {"status": "ok"}} and got["content"][0]["text"] == "done"
+    assert [i["id"] for i in st.list_items("me", conv, 10, "asc", None).data][3] == "m3"  # same place
+    assert st.used("me") > before
+    with pytest.raises(ApiError):
+        st.replace_item("other", conv, "m3", new)
+    with pytest.raises(ApiError):
+        normalize_items([{"role": "user", "content": "x", "metadata": "not an object"}])
     st.close()

@@ -6,8 +6,8 @@
 //   E2E_PYTHON=/path/to/python node e2e/run.mjs
 //   E2E_URL=http://127.0.0.1:8080 E2E_KEY=k node e2e/run.mjs   # an already running server
 //   E2E_SCREENSHOTS=0 ...                  # do not rewrite screenshots/
-//   E2E_SUITES=router ...                  # only some suites (default: chat,router; router mode needs
-//                                          # the llama-router package and is left out with E2E_URL)
+//   E2E_SUITES=router ...                  # only some suites (default: chat,router,store; router mode
+//                                          # needs llama-router; router and store are left out with E2E_URL)
 import assert from 'node:assert/strict';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -15,6 +15,7 @@ import { join } from 'node:path';
 import { launch, results, send, shot, step as runStep, waitForReply } from './harness.mjs';
 import { startRelay } from './proxy.mjs';
 import { routerSuite } from './router.mjs';
+import { storeSuite } from './store.mjs';
 import { startServer } from './server.mjs';
 
 const tmp = mkdtempSync(join(tmpdir(), 'llama-webui-e2e-'));
@@ -27,7 +28,7 @@ let server = null;
 let relay = null; // the browser talks to the server through it
 let context = null;
 const step = (name, fn) => runStep(name, fn, tmp);
-const suites = (process.env.E2E_SUITES ?? 'chat,router').split(',');
+const suites = (process.env.E2E_SUITES ?? 'chat,router,store').split(',');
 
 async function main() {
 	let url = process.env.E2E_URL;
@@ -354,6 +355,7 @@ try {
 	await server?.stop();
 }
 if (suites.includes('router') && !process.env.E2E_URL) await routerSuite({ python, tmp, step });
+if (suites.includes('store') && !process.env.E2E_URL) await storeSuite({ python, tmp, step });
 if (!results.failed.length) rmSync(tmp, { recursive: true, force: true });
 else console.log(`kept ${tmp} (server logs, failure screenshots)`);
 console.log(`\n${results.passed} passed, ${results.failed.length} failed`);

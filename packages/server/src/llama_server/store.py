@@ -80,6 +80,14 @@ def _not_found(kind: str, obj_id: str) -> ApiError:
     return ApiError(f"{kind} with id '{obj_id}' not found.", "not_found_error")
 
 
+def _full(quota: int) -> ApiError:
+    size = f"{quota >> 20} MiB" if quota >= 1 << 20 else f"{quota} bytes"
+    return ApiError(
+        f"the store is full for this API key ({size}): delete conversations or responses to make room",
+        code=413,
+    )
+
+
 def _json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -108,9 +116,21 @@ def _parts(content: Any, role: str) -> list[dict[str, Any]]:
 
 
 def _normalize(item: Any) -> dict[str, Any]:
-    """An input item in the shape OpenAI lists it (type, id, status), with a fresh id when it has none."""
+    """An input item in the shape OpenAI lists it (type, id, status), with a fresh id when it has none, and
+    its `metadata` object when it has one (an extension: what a client keeps beside the item, such as the
+    web UI's message)."""
     if not isinstance(item, dict):
         raise ApiError("Cannot determine type of 'item'")
+    out = _shape(item)
+    meta = item.get("metadata")
+    if meta is not None:
+        if not isinstance(meta, dict):
+            raise ApiError("an item's 'metadata' must be an object")
+        out["metadata"] = meta
+    return out
+
+
+def _shape(item: dict[str, Any]) -> dict[str, Any]:
     kind = item.get("type", "message" if "role" in item else None)
     given = item.get("id")
     if given is not None and (not isinstance(given, str) or not 0 < len(given) <= 128):
@@ -233,17 +253,18 @@ class Store:
     # -- quota -------------------------------------------------------------------------------------------
 
     def used(self, owner: str) -> int:
-        rows = self._read("SELECT bytes FROM usage WHERE owner = ?", owner)
-        return int(rows[0][0]) if rows else 0
+        with self._lock:
+            return self._used(self._db, owner)
+
+    @staticmethod
+    def _used(db: sqlite3.Connection, owner: str) -> int:
+        row = db.execute("SELECT bytes FROM usage WHERE owner = ?", (owner,)).fetchone()
+        return int(row[0]) if row else 0
 
     def check_room(self, owner: str) -> None:
         """Refuse new state when the owner is at the quota (a 413 before any work is done)."""
         if self.used(owner) >= self.quota_bytes:
-            raise ApiError(
-                f"the store is full for this API key ({self.quota_bytes >> 20} MiB): delete conversations "
-                "or responses to make room",
-                code=413,
-            )
+            raise _full(self.quota_bytes)
 
     @staticmethod
     def _charge(db: sqlite3.Connection, owner: str, delta: int) -> None:
@@ -389,6 +410,25 @@ class Store:
         if row is None:
             raise _not_found("Item", item_id)
         return dict(json.loads(row[0]))
+
+    def replace_item(self, owner: str, conv_id: str, item_id: str, item: dict[str, Any]) -> dict[str, Any]:
+        """Replace an item in place (an extension of OpenAI's API: the web UI updates a message it stored)."""
+        item = {**item, "id": item_id}
+        data = _json(item)
+        size = len(data.encode())
+        with self._tx() as db:
+            self._owned(db, owner, conv_id)
+            row = db.execute(
+                "SELECT seq, size FROM items WHERE conversation = ? AND id = ? ORDER BY seq LIMIT 1",
+                (conv_id, item_id),
+            ).fetchone()
+            if row is None:
+                raise _not_found("Item", item_id)
+            if size > int(row[1]) and self._used(db, owner) >= self.quota_bytes:
+                raise _full(self.quota_bytes)
+            db.execute("UPDATE items SET data = ?, size = ? WHERE seq = ?", (data, size, row[0]))
+            self._charge(db, owner, size - int(row[1]))
+        return item
 
     def delete_item(self, owner: str, conv_id: str, item_id: str) -> dict[str, Any]:
         with self._tx() as db:

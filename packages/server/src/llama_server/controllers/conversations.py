@@ -123,6 +123,15 @@ class ConversationsController(Controller):
         store, owner = _caller(server, request)
         return json_response(await asyncio.to_thread(store.get_item, owner, conv_id, item_id))
 
+    @post(_paths("/{conv_id:str}/items/{item_id:str}"), status_code=200)
+    async def replace_item(
+        self, request: Request, server: SharedState, conv_id: str, item_id: str
+    ) -> Response:
+        """An extension of OpenAI's API: replace a stored item (body: the item), keeping its place."""
+        store, owner = _caller(server, request)
+        item = normalize_items([await _object(request)])[0]
+        return json_response(await asyncio.to_thread(store.replace_item, owner, conv_id, item_id, item))
+
     @delete(_paths("/{conv_id:str}/items/{item_id:str}"), status_code=200)
     async def delete_item(
         self, request: Request, server: SharedState, conv_id: str, item_id: str

@@ -53,6 +53,7 @@ class PropsController(Controller):
                 "build_info": BUILD_INFO,
                 "is_sleeping": False,
                 "cors_proxy_enabled": cfg.tools.cors_proxy,
+                "endpoint_conversations": st.store is not None,  # --store: the web UI keeps its chats there
             }
         )
 

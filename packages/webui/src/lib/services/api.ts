@@ -28,6 +28,8 @@ export interface ServerProps {
 	model_alias?: string;
 	model_path?: string;
 	build_info?: string;
+	/** the server keeps conversations (`--store`): the app stores its chats there */
+	endpoint_conversations?: boolean;
 }
 
 export type ContentPart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } };

@@ -1,6 +1,10 @@
-/** The conversations and the open conversation's message tree, kept in IndexedDB. */
+/**
+ * The conversations and the open conversation's message tree, kept in IndexedDB, or on the server when it
+ * has a store (`useStorage`, see services/storage.ts).
+ */
 import type { Attachment, Conversation, Message, Role } from '$lib/types';
 import { ChatDatabase, newId } from '$lib/services/db';
+import { BrowserStorage, type ChatStorage } from '$lib/services/storage';
 import { latestLeaf, pathTo, siblings } from '$lib/services/tree';
 import { makeExport, planImport, type ImportPlan } from '$lib/services/transfer';
 import type { ConversationExport } from '$lib/types';
@@ -19,21 +23,37 @@ export class ConversationStore {
 	thread = $derived(pathTo(this.messages, this.active?.currentLeaf ?? null));
 	visible = $derived(this.matches ? this.list.filter((c) => this.matches!.has(c.id)) : this.list);
 
-	constructor(readonly db = new ChatDatabase()) {}
+	/** where conversations are kept: this browser's IndexedDB unless `useStorage` says otherwise */
+	storage: ChatStorage;
+	/** the conversations live on the server (every browser sees them) */
+	onServer = $state(false);
+
+	constructor(readonly db = new ChatDatabase()) {
+		this.storage = new BrowserStorage(db);
+	}
+
+	/** Keep conversations in `storage` from now on (the server's store); the list is read again. */
+	async useStorage(storage: ChatStorage, onServer = true): Promise<void> {
+		this.storage = storage;
+		this.onServer = onServer;
+		await this.load();
+		if (this.activeId && !this.list.some((c) => c.id === this.activeId)) await this.open(null);
+		else await this.open(this.activeId);
+	}
 
 	async load(): Promise<void> {
-		this.list = await this.db.conversations.orderBy('updatedAt').reverse().toArray();
+		this.list = await this.storage.conversations();
 	}
 
 	async open(id: string | null): Promise<void> {
 		this.activeId = id;
-		this.messages = id ? await this.db.messages.where('convId').equals(id).toArray() : [];
+		this.messages = id ? await this.storage.messages(id) : [];
 	}
 
 	async create(name = 'New conversation'): Promise<Conversation> {
 		const now = Date.now();
 		const conv: Conversation = { id: newId(), name, currentLeaf: null, createdAt: now, updatedAt: now };
-		await this.db.conversations.add(conv);
+		await this.storage.addConversation(conv);
 		this.list = [conv, ...this.list];
 		await this.open(conv.id);
 		return conv;
@@ -42,15 +62,12 @@ export class ConversationStore {
 	async rename(id: string, name: string): Promise<void> {
 		name = name.trim();
 		if (!name) return;
-		await this.db.conversations.update(id, { name });
+		await this.storage.updateConversation(id, { name });
 		this.list = this.list.map((c) => (c.id === id ? { ...c, name } : c));
 	}
 
 	async remove(id: string): Promise<void> {
-		await this.db.transaction('rw', this.db.conversations, this.db.messages, async () => {
-			await this.db.messages.where('convId').equals(id).delete();
-			await this.db.conversations.delete(id);
-		});
+		await this.storage.removeConversation(id);
 		this.list = this.list.filter((c) => c.id !== id);
 		if (this.activeId === id) await this.open(null);
 	}
@@ -63,7 +80,7 @@ export class ConversationStore {
 			return;
 		}
 		const ids = new Set(this.list.filter((c) => c.name.toLowerCase().includes(q)).map((c) => c.id));
-		await this.db.messages.filter((m) => m.content.toLowerCase().includes(q)).each((m) => ids.add(m.convId));
+		for (const id of await this.storage.search(q)) ids.add(id);
 		this.matches = ids;
 	}
 
@@ -91,7 +108,7 @@ export class ConversationStore {
 			// plain objects: IndexedDB cannot store the proxies of reactive state
 			...($state.snapshot(extra) as typeof extra)
 		};
-		await this.db.messages.add(msg);
+		await this.storage.putMessage(msg);
 		if (conv.id === this.activeId) this.messages = [...this.messages, msg];
 		// the first user message names a new conversation
 		const named = conv.name === 'New conversation' && role === 'user' && !parent;
@@ -102,7 +119,7 @@ export class ConversationStore {
 	/** The messages of any conversation (the loaded ones for the active conversation). */
 	async messagesOf(convId: string): Promise<Message[]> {
 		if (convId === this.activeId) return this.messages;
-		return this.db.messages.where('convId').equals(convId).toArray();
+		return this.storage.messages(convId);
 	}
 
 	/** Change a message in memory (cheap: called for every streamed token); `save` stores it. */
@@ -113,7 +130,7 @@ export class ConversationStore {
 
 	async save(id: string): Promise<void> {
 		const m = this.messages.find((x) => x.id === id);
-		if (m) await this.db.messages.put($state.snapshot(m) as Message);
+		if (m) await this.storage.putMessage($state.snapshot(m) as Message);
 	}
 
 	/** Store a whole message (in any conversation) and show it if its conversation is open. */
@@ -121,12 +138,12 @@ export class ConversationStore {
 		const plain = $state.snapshot(msg) as Message;
 		const i = this.messages.findIndex((m) => m.id === msg.id);
 		if (i >= 0) this.messages[i] = plain;
-		await this.db.messages.put(plain);
+		await this.storage.putMessage(plain);
 	}
 
 	/** The replies that were still streaming when the page went away (every conversation). */
 	async unfinished(): Promise<Message[]> {
-		return this.db.messages.where('status').equals('streaming').toArray();
+		return this.storage.unfinished();
 	}
 
 	/** Show the branch that goes through message `id` (its newest continuation). */
@@ -142,7 +159,7 @@ export class ConversationStore {
 	private async setLeaf(leaf: string, name?: string, id = this.activeId!): Promise<void> {
 		const change: Partial<Conversation> = { currentLeaf: leaf, updatedAt: Date.now() };
 		if (name) change.name = name;
-		await this.db.conversations.update(id, change);
+		await this.storage.updateConversation(id, change);
 		const conv = { ...this.list.find((c) => c.id === id)!, ...change };
 		this.list = [conv, ...this.list.filter((c) => c.id !== id)];
 	}
@@ -152,7 +169,7 @@ export class ConversationStore {
 		const convs = id ? this.list.filter((c) => c.id === id) : this.list;
 		const items = [];
 		for (const c of convs) {
-			const messages = await this.db.messages.where('convId').equals(c.id).toArray();
+			const messages = await this.storage.messages(c.id);
 			items.push({ conversation: $state.snapshot(c) as Conversation, messages });
 		}
 		return makeExport(items);
@@ -163,16 +180,10 @@ export class ConversationStore {
 		const stored = new Map<string, Message[]>();
 		for (const item of data.conversations) {
 			const id = item.conversation.id;
-			if (await this.db.conversations.get(id))
-				stored.set(id, await this.db.messages.where('convId').equals(id).toArray());
+			if (await this.storage.hasConversation(id)) stored.set(id, await this.storage.messages(id));
 		}
 		const plan = planImport(data, (id) => stored.get(id));
-		await this.db.transaction('rw', this.db.conversations, this.db.messages, async () => {
-			for (const item of plan.add) {
-				await this.db.conversations.add(item.conversation);
-				await this.db.messages.bulkAdd(item.messages);
-			}
-		});
+		await this.storage.addAll(plan.add);
 		await this.load();
 		return plan;
 	}
