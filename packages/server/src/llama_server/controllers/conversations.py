@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
+from litestar.params import FromPath, FromQuery
 from llama_tools.auth import key_scope
 
 from ..errors import ApiError
@@ -70,21 +71,23 @@ class ConversationsController(Controller):
         self,
         request: Request,
         server: SharedState,
-        limit: int = 20,
-        order: str = "desc",
-        after: str | None = None,
+        limit: FromQuery[int] = 20,
+        order: FromQuery[str] = "desc",
+        after: FromQuery[str | None] = None,
     ) -> Response:
         store, owner = _caller(server, request)
         page = await asyncio.to_thread(store.list_conversations, owner, limit, order, after)
         return json_response(page.body())
 
     @get(_paths("/{conv_id:str}"))
-    async def get_conversation(self, request: Request, server: SharedState, conv_id: str) -> Response:
+    async def get_conversation(
+        self, request: Request, server: SharedState, conv_id: FromPath[str]
+    ) -> Response:
         store, owner = _caller(server, request)
         return json_response(await asyncio.to_thread(store.get_conversation, owner, conv_id))
 
     @post(_paths("/{conv_id:str}"), status_code=200)
-    async def update(self, request: Request, server: SharedState, conv_id: str) -> Response:
+    async def update(self, request: Request, server: SharedState, conv_id: FromPath[str]) -> Response:
         store, owner = _caller(server, request)
         body = await _object(request)
         if "metadata" not in body:
@@ -93,7 +96,9 @@ class ConversationsController(Controller):
         return json_response(await asyncio.to_thread(store.update_conversation, owner, conv_id, metadata))
 
     @delete(_paths("/{conv_id:str}"), status_code=200)
-    async def delete_conversation(self, request: Request, server: SharedState, conv_id: str) -> Response:
+    async def delete_conversation(
+        self, request: Request, server: SharedState, conv_id: FromPath[str]
+    ) -> Response:
         store, owner = _caller(server, request)
         return json_response(await asyncio.to_thread(store.delete_conversation, owner, conv_id))
 
@@ -102,30 +107,32 @@ class ConversationsController(Controller):
         self,
         request: Request,
         server: SharedState,
-        conv_id: str,
-        limit: int = 20,
-        order: str = "desc",
-        after: str | None = None,
+        conv_id: FromPath[str],
+        limit: FromQuery[int] = 20,
+        order: FromQuery[str] = "desc",
+        after: FromQuery[str | None] = None,
     ) -> Response:
         store, owner = _caller(server, request)
         page = await asyncio.to_thread(store.list_items, owner, conv_id, limit, order, after)
         return json_response(page.body())
 
     @post(_paths("/{conv_id:str}/items"), status_code=200)
-    async def add_items(self, request: Request, server: SharedState, conv_id: str) -> Response:
+    async def add_items(self, request: Request, server: SharedState, conv_id: FromPath[str]) -> Response:
         store, owner = _caller(server, request)
         items = _items(await _object(request), True)
         page = await asyncio.to_thread(store.add_items, owner, conv_id, items)
         return json_response(page.body())
 
     @get(_paths("/{conv_id:str}/items/{item_id:str}"))
-    async def get_item(self, request: Request, server: SharedState, conv_id: str, item_id: str) -> Response:
+    async def get_item(
+        self, request: Request, server: SharedState, conv_id: FromPath[str], item_id: FromPath[str]
+    ) -> Response:
         store, owner = _caller(server, request)
         return json_response(await asyncio.to_thread(store.get_item, owner, conv_id, item_id))
 
     @post(_paths("/{conv_id:str}/items/{item_id:str}"), status_code=200)
     async def replace_item(
-        self, request: Request, server: SharedState, conv_id: str, item_id: str
+        self, request: Request, server: SharedState, conv_id: FromPath[str], item_id: FromPath[str]
     ) -> Response:
         """An extension of OpenAI's API: replace a stored item (body: the item), keeping its place."""
         store, owner = _caller(server, request)
@@ -134,7 +141,7 @@ class ConversationsController(Controller):
 
     @delete(_paths("/{conv_id:str}/items/{item_id:str}"), status_code=200)
     async def delete_item(
-        self, request: Request, server: SharedState, conv_id: str, item_id: str
+        self, request: Request, server: SharedState, conv_id: FromPath[str], item_id: FromPath[str]
     ) -> Response:
         store, owner = _caller(server, request)
         return json_response(await asyncio.to_thread(store.delete_item, owner, conv_id, item_id))

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
-from litestar.params import JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 from llama_tools.auth import key_scope
 
 from ..chat_prompt import render_chat
@@ -256,12 +256,14 @@ class ResponsesController(Controller):
         return json_response({"input_tokens": len(prompt.tokens), "object": "response.input_tokens"})
 
     @get(["/v1/responses/{resp_id:str}", "/responses/{resp_id:str}"])
-    async def get_response(self, request: Request, server: SharedState, resp_id: str) -> Response:
+    async def get_response(self, request: Request, server: SharedState, resp_id: FromPath[str]) -> Response:
         store, owner = server.require_store(), key_scope(server.config.api_keys, request.headers)
         return json_response(await asyncio.to_thread(store.get_response, owner, resp_id))
 
     @delete(["/v1/responses/{resp_id:str}", "/responses/{resp_id:str}"], status_code=200)
-    async def delete_response(self, request: Request, server: SharedState, resp_id: str) -> Response:
+    async def delete_response(
+        self, request: Request, server: SharedState, resp_id: FromPath[str]
+    ) -> Response:
         store, owner = server.require_store(), key_scope(server.config.api_keys, request.headers)
         return json_response(await asyncio.to_thread(store.delete_response, owner, resp_id))
 
@@ -270,10 +272,10 @@ class ResponsesController(Controller):
         self,
         request: Request,
         server: SharedState,
-        resp_id: str,
-        limit: int = 20,
-        order: str = "desc",
-        after: str | None = None,
+        resp_id: FromPath[str],
+        limit: FromQuery[int] = 20,
+        order: FromQuery[str] = "desc",
+        after: FromQuery[str | None] = None,
     ) -> Response:
         store, owner = server.require_store(), key_scope(server.config.api_keys, request.headers)
         page = await asyncio.to_thread(store.input_items, owner, resp_id, limit, order, after)
