@@ -72,6 +72,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("-ctk --cache-type-k", "LLAMA_ARG_CACHE_TYPE_K"),
     _o("-ctv --cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"),
     _o("--slot-save-path"),
+    _o("--scheduling-policy", "LLAMA_ARG_SCHEDULING_POLICY"),
     _o("--host", "LLAMA_ARG_HOST"),
     _o("--port", "LLAMA_ARG_PORT"),
     _o("--api-prefix", "LLAMA_ARG_API_PREFIX"),
@@ -203,6 +204,11 @@ OPTIONS: tuple[Option, ...] = (
     _o("--models-dir", "LLAMA_ARG_MODELS_DIR", child=False),
     _o("--models-preset", "LLAMA_ARG_MODELS_PRESET", child=False),
     _o("--models-max", "LLAMA_ARG_MODELS_MAX", child=False),
+    _o("--keep-alive", "LLAMA_ARG_KEEP_ALIVE", child=False),
+    _o("--keep-alive-max", "LLAMA_ARG_KEEP_ALIVE_MAX", child=False),
+    # a store behind the router would see one caller (the router's key), not its clients: never passed
+    _o("--store", "LLAMA_ARG_STORE", child=False),
+    _o("--store-quota", "LLAMA_ARG_STORE_QUOTA", child=False),
     _o("--models-autoload", "LLAMA_ARG_MODELS_AUTOLOAD", _F, "--no-models-autoload", child=False),
     *(_o(names, env, value, neg) for names, env, value, neg in SPEC_ROWS),
 )
