@@ -19,6 +19,7 @@ from llama_engine import (
     GenerationRequest,
     QueueFullError,
     RequestCancelledError,
+    RequestHandle,
     SamplingParams,
     StopReason,
 )
@@ -277,3 +278,47 @@ def test_a_failed_warm_up_is_raised_to_whoever_waits(tmp_path: Path) -> None:
         engine.wait_ready(timeout=60)
     assert isinstance(engine.failed, MemoryError)
     engine.shutdown()
+
+
+def test_a_new_request_interrupts_a_prompt_step(tiny_path: Path) -> None:
+    """A prompt step abandoned between layers for a newly arrived request keeps nothing (its cells are
+    dropped, the slot's tokens unchanged), the next prompt step runs whole, and the prompt then gives the
+    tokens it gives uninterrupted."""
+    prompt = [256, *range(1, 100)]
+    engine = Engine(tiny_path, EngineConfig(n_ctx=512, n_parallel=2, n_batch=32, warmup=False))
+    want = _tokens_alone(engine, prompt)
+    handle = engine.submit(
+        GenerationRequest(prompt=prompt, max_tokens=4, sampling=GREEDY_NO_EOS, cache_prompt=False)
+    )
+    engine._drain(block=False)
+    engine.scheduler.admit()
+    slot = next(s for s in engine.scheduler.slots if s.request is not None)
+    engine._sent += 1  # as if a request arrived during the step
+    engine.step()
+    assert engine.n_interrupted == 1 and slot.tokens == [] and engine.kv.seq_pos_max(slot.id) == -1
+    engine.step()  # the next prompt step is not interrupted, whatever arrives
+    assert engine.n_interrupted == 1 and len(slot.tokens) == 32
+    engine._sent -= 1
+    while engine.scheduler.has_work:
+        engine.step()
+    assert handle.final is not None and [ev.token for ev in _events(handle)] == want
+
+
+def _tokens_alone(engine: Engine, prompt: list[int]) -> list[int]:
+    h = engine.submit(
+        GenerationRequest(prompt=prompt, max_tokens=4, sampling=GREEDY_NO_EOS, cache_prompt=False)
+    )
+    engine._drain(block=False)
+    engine.scheduler.admit()
+    while engine.scheduler.has_work:
+        engine.step()
+    return [ev.token for ev in _events(h)]
+
+
+def _events(handle: RequestHandle) -> list[TokenEvent]:
+    out = []
+    while not handle._events.empty():
+        ev = handle._events.get()
+        if isinstance(ev, TokenEvent):
+            out.append(ev)
+    return out

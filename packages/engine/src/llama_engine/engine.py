@@ -25,6 +25,7 @@ from llama_quant.cpu import resolve_kernel_set
 from llama_quant.kernels import release_worker_threads
 
 from .arch import DecoderModel, load_model
+from .arch.base import StepInterrupted
 from .checkpoints import DEFAULT_CHECKPOINTS, CheckpointConfig
 from .grammar.matcher import check_grammar_request
 from .handles import (
@@ -57,6 +58,7 @@ from .state_file import (
     state_size_bound,
     write_state,
 )
+from .step import Step
 from .tokenizer import Tokenizer
 from .warmup import warm_up
 
@@ -72,6 +74,8 @@ __all__ = [
     "StateFileError",
 ]
 
+# a prompt step of at least this many tokens is interrupted (between layers) by a newly arrived request
+_INTERRUPTIBLE_TOKENS = 16
 _MEASURED_TOKENS = 32  # steps of at least this many tokens measure the per-token cost; the smallest cap
 
 
@@ -212,6 +216,9 @@ class Engine:
         self.steps = 0
         self.failed: BaseException | None = None  # the warm-up's error, when the loop could not start
         self._token_s = 0.0  # measured seconds per token of steps with prompt chunks (`_measured`)
+        self._interrupted = False  # the previous step was interrupted (`_interruptible`)
+        self.n_interrupted = 0  # prompt steps abandoned for a newly arrived request
+        self._sent = self._taken = 0  # generation requests submitted / taken from the inbox by the loop
         if config.max_step_ms > 0:  # until a step is measured, a small cap beside decoding streams
             self.scheduler.prefill_cap = min(config.n_batch, 2 * _MEASURED_TOKENS)
         # generation requests submitted and not yet final: the queue bound counts those still in the inbox
@@ -278,6 +285,7 @@ class Engine:
                     f"{self._inflight - self.config.n_parallel} requests are already waiting"
                 )
             self._inflight += 1
+            self._sent += 1  # before the put: the loop never takes a request it has not counted
         handle = RequestHandle(on_event, self._release, self._wake)
         self._inbox.put(Generate(req, handle))
         return handle
@@ -483,6 +491,7 @@ class Engine:
             if isinstance(msg, Shutdown):
                 return False
             if isinstance(msg, Generate | Embed):
+                self._taken += isinstance(msg, Generate)
                 self.scheduler.add(msg)
             elif isinstance(msg, SlotOp):
                 self._slot_ops.append(msg)
@@ -500,8 +509,15 @@ class Engine:
         t0 = time.perf_counter()
         # one adapter set per step: the scheduler batches only work that uses the same scales
         self.model.loras = [(self.loras[i], s) for i, s in enumerate(sched.step_lora) if s != 0]
+        eligible = self._interruptible(step)
+        self.model.interrupt = self._arrived if eligible and not self._interrupted else None
         try:
             logits, hidden = self.model.forward(step.batch, self.kv)
+        except StepInterrupted:  # a request arrived that should not wait for this prompt step: it goes first
+            sched.undo(step)
+            self._interrupted = True
+            self.n_interrupted += 1
+            return
         except KVCacheFullError as e:
             sched.undo(step)
             sched.out_of_cells(str(e))
@@ -510,9 +526,31 @@ class Engine:
             sched.undo(step)
             sched.fail_all(f"internal error: {type(e).__name__}: {e}")
             return
+        finally:
+            self.model.interrupt = None
+        if eligible:  # a prompt step ran whole: the next one may be interrupted again
+            self._interrupted = False
         self._measured(step.n_scheduled, time.perf_counter() - t0)
         sched.postprocess(step, logits, hidden)
         self.steps += 1
+
+    def _interruptible(self, step: Step) -> bool:
+        """Whether a new request may interrupt this step: a step of prompt chunks only (no stream waits on
+        it), long enough to matter, while a slot is free for the newcomer, on a model without recurrent
+        state (abandoned cells are dropped; a state cannot be). After an interrupted one, the next such step
+        runs whole, so a flood of short requests still lets a long prompt advance."""
+        sched = self.scheduler
+        if self.kv.recurrent is not None or step.n_scheduled < _INTERRUPTIBLE_TOKENS:
+            return False
+        if self.model.collector is not None:  # importance-matrix collection counts every pass it sees
+            return False
+        if not any(s.state == SlotState.IDLE for s in sched.slots):
+            return False
+        return all(q != sched.embd_seq and sched.slots[q].state == SlotState.PROMPT for q in step.seqs)
+
+    def _arrived(self) -> bool:
+        """A generation request was submitted that the loop has not taken yet (checked between layers)."""
+        return self._sent > self._taken
 
     def _measured(self, n_tokens: int, seconds: float) -> None:
         """Fold a step's time into the per-token cost that sizes prompt chunks beside decoding streams."""

@@ -17,6 +17,7 @@ import dataclasses
 import inspect
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -44,6 +45,7 @@ __all__ = [
     "DecoderModel",
     "LayerWeights",
     "ModelConfig",
+    "StepInterrupted",
     "UnsupportedArchitectureError",
     "register",
 ]
@@ -130,6 +132,10 @@ class LayerWeights:
     mixer: ShortConv | Mamba2 | DeltaNet | None = None
 
 
+class StepInterrupted(Exception):
+    """A forward pass abandoned between layers (`DecoderModel.interrupt`): nothing it computed is kept."""
+
+
 class DecoderModel:
     """Pre-norm decoder: attention and gated FFN blocks with residuals (llama's graph, with hooks)."""
 
@@ -169,6 +175,9 @@ class DecoderModel:
         self._ws: Workspace | None = None
         # LoRA adapters applied to this forward pass, with their scales (set by the engine between steps)
         self.loras: list[tuple[LoraAdapter, float]] = []
+        # asked between layers: True abandons the pass (StepInterrupted; the engine sets it for a long
+        # prompt step that a newly arrived request should not wait behind)
+        self.interrupt: Callable[[], bool] | None = None
         self._release_pages()
 
     # -- loading -----------------------------------------------------------------------------------------
@@ -490,6 +499,8 @@ class DecoderModel:
             h = ws.h
             ops.rms_norm(h.x, ws.x, self.layers[0].attn_norm, c.rms_eps, n, c.n_embd)
             for il in range(c.n_layer):
+                if il and self.interrupt is not None and self.interrupt():
+                    raise StepInterrupted(il)
                 self.block(il, ws, batch, kv, placed)
             m = ops.output_norm(h.x, ws.x, batch.output, self.output_norm, c.rms_eps, n, c.n_embd)
             if m == 0:
