@@ -53,16 +53,7 @@ def _plan(step: Step, seqs: list[int]) -> tuple[int, ...]:
 
 def _alone(engine: Engine, prompt: list[int], n: int) -> list[int]:
     """Greedy tokens of one request with nothing else scheduled."""
-    sched = engine.scheduler
-    h = RequestHandle()
-    sched.add(
-        Generate(GenerationRequest(prompt=prompt, max_tokens=n, sampling=GREEDY, cache_prompt=False), h)
-    )
-    sched.admit()
-    while (step := sched.schedule()) is not None:
-        _run(engine, step)
-    assert h.final is not None and h.final.reason == StopReason.LENGTH
-    return handle_tokens(h)
+    return _alone_with(engine, prompt, n, GREEDY)
 
 
 def _reference_embedding(engine: Engine, prompt: list[int], pooling: Pooling) -> np.ndarray:
@@ -388,6 +379,7 @@ def test_fcfs_never_preempts(engine: Engine) -> None:
 
 
 def _alone_with(engine: Engine, prompt: list[int], n: int, sampling: SamplingParams) -> list[int]:
+    """The tokens of one request with nothing else scheduled."""
     sched = engine.scheduler
     h = RequestHandle()
     sched.add(
@@ -396,4 +388,5 @@ def _alone_with(engine: Engine, prompt: list[int], n: int, sampling: SamplingPar
     sched.admit()
     while (step := sched.schedule()) is not None:
         _run(engine, step)
+    assert h.final is not None and h.final.reason == StopReason.LENGTH
     return handle_tokens(h)

@@ -411,19 +411,24 @@ class Store:
             raise _not_found("Item", item_id)
         return dict(json.loads(row[0]))
 
+    def _item_row(self, db: sqlite3.Connection, owner: str, conv_id: str, item_id: str) -> tuple[int, int]:
+        """(seq, size) of an item of one of the owner's conversations (404 when either is not found)."""
+        self._owned(db, owner, conv_id)
+        row = db.execute(
+            "SELECT seq, size FROM items WHERE conversation = ? AND id = ? ORDER BY seq LIMIT 1",
+            (conv_id, item_id),
+        ).fetchone()
+        if row is None:
+            raise _not_found("Item", item_id)
+        return int(row[0]), int(row[1])
+
     def replace_item(self, owner: str, conv_id: str, item_id: str, item: dict[str, Any]) -> dict[str, Any]:
         """Replace an item in place (an extension of OpenAI's API: the web UI updates a message it stored)."""
         item = {**item, "id": item_id}
         data = _json(item)
         size = len(data.encode())
         with self._tx() as db:
-            self._owned(db, owner, conv_id)
-            row = db.execute(
-                "SELECT seq, size FROM items WHERE conversation = ? AND id = ? ORDER BY seq LIMIT 1",
-                (conv_id, item_id),
-            ).fetchone()
-            if row is None:
-                raise _not_found("Item", item_id)
+            row = self._item_row(db, owner, conv_id, item_id)
             if size > int(row[1]) and self._used(db, owner) >= self.quota_bytes:
                 raise _full(self.quota_bytes)
             db.execute("UPDATE items SET data = ?, size = ? WHERE seq = ?", (data, size, row[0]))
@@ -432,13 +437,7 @@ class Store:
 
     def delete_item(self, owner: str, conv_id: str, item_id: str) -> dict[str, Any]:
         with self._tx() as db:
-            self._owned(db, owner, conv_id)
-            row = db.execute(
-                "SELECT seq, size FROM items WHERE conversation = ? AND id = ? ORDER BY seq LIMIT 1",
-                (conv_id, item_id),
-            ).fetchone()
-            if row is None:
-                raise _not_found("Item", item_id)
+            row = self._item_row(db, owner, conv_id, item_id)
             db.execute("DELETE FROM items WHERE seq = ?", (row[0],))
             self._charge(db, owner, -int(row[1]))
         return self.get_conversation(owner, conv_id)
