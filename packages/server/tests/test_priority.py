@@ -74,9 +74,7 @@ def test_equal_priority_does_not_preempt(one_slot: Server) -> None:
         )
         th.start()
         time.sleep(0.3)
-        r = httpx.post(
-            one_slot.base_url + "/completion", json={"prompt": "Hi", "n_predict": 2, "priority": 1}
-        )
+        r = c.post("/completion", json={"prompt": "Hi", "n_predict": 2, "priority": 1})
         th.join()
         assert r.status_code == 200 and _metric(c, "n_preemptions_total") == before
 
@@ -86,3 +84,31 @@ def test_priority_needs_the_policy(client: httpx.Client) -> None:
     err = assert_error(client.post("/completion", json={"prompt": "x", "n_predict": 1, "priority": 3}), 400)
     assert err["message"] == "Got priority 3 but Priority scheduling is not enabled."
     assert client.post("/completion", json={"prompt": "x", "n_predict": 1, "priority": 0}).status_code == 200
+
+
+def test_the_queue_shows_in_slots(one_slot: Server) -> None:
+    """`/slots?queue=1`: the slots and the waiting requests in the order they will be admitted."""
+    with one_slot.client() as c:
+        bodies = [LOW | {"priority": 5}, {"prompt": "a b c", "n_predict": 2, "priority": 7}]
+        bodies.append({"prompt": "d e f g", "n_predict": 2, "priority": 6})
+        threads = []
+        for body in bodies:
+            th = threading.Thread(
+                target=lambda b=body: httpx.post(one_slot.base_url + "/completion", json=b, timeout=120)
+            )
+            th.start()
+            threads.append(th)
+            time.sleep(0.3)  # in this order
+        deadline = time.monotonic() + 20  # both reach the engine's queue (tokenized, then taken by its loop)
+        while len((view := c.get("/slots?queue=1").json())["queue"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for th in threads:
+            th.join()
+    assert view["slots"][0]["is_processing"] is True and view["slots"][0]["priority"] == 5
+    queue = view["queue"]
+    assert [(q["position"], q["priority"], q["mine"], q["preempted"]) for q in queue] == [
+        (0, 6, True, False),
+        (1, 7, True, False),
+    ]
+    assert queue[0]["n_prompt_tokens"] > 0 and queue[1]["waited_ms"] > queue[0]["waited_ms"]
+    assert view["n_waiting"] == 2

@@ -7,7 +7,7 @@ with LLM("SmolLM2-135M-Instruct.Q4_1.gguf") as llm:
 """
 
 from .batch import Batch
-from .engine import Engine, EngineConfig, QueueFullError, SlotFileResult, SlotInfo
+from .engine import Engine, EngineConfig, QueuedInfo, QueueFullError, SlotFileResult, SlotInfo
 from .handles import EmbeddingHandle, RequestCancelledError, RequestHandle
 from .llm import LLM
 from .requests import (
@@ -40,6 +40,7 @@ __all__ = [
     "Pooling",
     "ProgressEvent",
     "QueueFullError",
+    "QueuedInfo",
     "RequestCancelledError",
     "RequestHandle",
     "SamplingParams",

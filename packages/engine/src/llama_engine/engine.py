@@ -102,6 +102,17 @@ class SlotInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuedInfo:
+    """A generation request waiting for a slot, in the order the scheduler will admit it."""
+
+    priority: int
+    n_prompt: int  # its prompt's tokens (a parked request: the tokens it will evaluate again)
+    waited_s: float  # since it was submitted
+    scope: str  # GenerationRequest.cache_scope
+    preempted: bool  # parked by a request of higher priority, waiting to resume
+
+
+@dataclass(frozen=True, slots=True)
 class SlotFileResult:
     """The outcome of saving or restoring a slot: tokens moved, file bytes written or read, wall time."""
 
@@ -319,6 +330,32 @@ class Engine:
     def embed(self, req: EmbeddingRequest) -> np.ndarray:
         """Pooled, normalized embedding (or per-token embeddings for Pooling.NONE); blocks until done."""
         return self.submit_embedding(req).result()
+
+    def queue(self) -> list[QueuedInfo]:
+        """The requests waiting for a slot, in admission order (safe from any thread; may be one step
+        stale). Requests submitted since the last step are not in it yet (`n_waiting` counts them)."""
+        sched = self.scheduler
+        for _ in range(8):  # the loop may change the queue while it is copied: try again
+            try:
+                waiting = list(sched.waiting)
+                break
+            except RuntimeError:
+                continue
+        else:
+            return []
+        if sched.policy == "priority":
+            waiting.sort(key=lambda m: (m.request.priority, m.arrival))
+        now = time.perf_counter()
+        return [
+            QueuedInfo(
+                m.request.priority,
+                len(m.request.prompt),
+                now - m.arrival,
+                m.request.cache_scope,
+                m.parked is not None,
+            )
+            for m in waiting
+        ]
 
     def slots(self) -> list[SlotInfo]:
         """A snapshot of every slot (safe from any thread)."""

@@ -42,7 +42,11 @@ def valid_filename(name: str) -> bool:
 class SlotsController(Controller):
     @get("/slots")
     async def slots(
-        self, request: Request, server: SharedState, fail_on_no_slot: FromQuery[str | None] = None
+        self,
+        request: Request,
+        server: SharedState,
+        fail_on_no_slot: FromQuery[str | None] = None,
+        queue: FromQuery[str | None] = None,
     ) -> Response:
         st = server
         scope = key_scope(st.config.api_keys, request.headers)  # another key's tasks show as blank
@@ -83,6 +87,19 @@ class SlotsController(Controller):
             out.append(entry)
         if fail_on_no_slot and not any_idle:
             raise ApiError("no slot available", "unavailable_error")
+        if queue not in (None, "", "0", "false"):  # ours: the waiting requests too, in admission order
+            waiting = [
+                {
+                    "position": i,
+                    "priority": q.priority if q.scope == scope else 0,
+                    "n_prompt_tokens": q.n_prompt if q.scope == scope else 0,
+                    "waited_ms": round(q.waited_s * 1e3, 1),
+                    "preempted": q.preempted,
+                    "mine": q.scope == scope,
+                }
+                for i, q in enumerate(engine.queue())
+            ]
+            return json_response({"slots": out, "queue": waiting, "n_waiting": engine.n_waiting})
         return json_response(out)
 
     @post("/slots/{id_slot:str}", status_code=200)
