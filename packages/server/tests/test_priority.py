@@ -89,7 +89,7 @@ def test_priority_needs_the_policy(client: httpx.Client) -> None:
 def test_the_queue_shows_in_slots(one_slot: Server) -> None:
     """`/slots?queue=1`: the slots and the waiting requests in the order they will be admitted."""
     with one_slot.client() as c:
-        bodies = [LOW | {"priority": 5}, {"prompt": "a b c", "n_predict": 2, "priority": 7}]
+        bodies = [LOW | {"priority": 5, "n_predict": 400}, {"prompt": "a b c", "n_predict": 2, "priority": 7}]
         bodies.append({"prompt": "d e f g", "n_predict": 2, "priority": 6})
         threads = []
         for body in bodies:
@@ -98,13 +98,13 @@ def test_the_queue_shows_in_slots(one_slot: Server) -> None:
             )
             th.start()
             threads.append(th)
-            time.sleep(0.3)  # in this order
+            time.sleep(0.1)  # in this order
         deadline = time.monotonic() + 20  # both reach the engine's queue (tokenized, then taken by its loop)
         while len((view := c.get("/slots?queue=1").json())["queue"]) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         for th in threads:
             th.join()
-    assert view["slots"][0]["is_processing"] is True and view["slots"][0]["priority"] == 5
+    assert view["slots"][0]["is_processing"] is True and view["slots"][0]["priority"] == 5, view
     queue = view["queue"]
     assert [(q["position"], q["priority"], q["mine"], q["preempted"]) for q in queue] == [
         (0, 6, True, False),
