@@ -88,6 +88,14 @@ def _full(quota: int) -> ApiError:
     )
 
 
+def _owned_size(db: sqlite3.Connection, table: str, kind: str, owner: str, obj_id: str) -> int:
+    """The quota size of the owner's row `obj_id` of `table` (conversations, responses); 404 when absent."""
+    row = db.execute(f"SELECT size FROM {table} WHERE id = ? AND owner = ?", (obj_id, owner)).fetchone()
+    if row is None:
+        raise _not_found(kind, obj_id)
+    return int(row[0])
+
+
 def _json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -325,34 +333,24 @@ class Store:
         meta = _json(metadata)
         size = ROW_BYTES + len(meta.encode())
         with self._tx() as db:
-            row = db.execute(
-                "SELECT size FROM conversations WHERE id = ? AND owner = ?", (conv_id, owner)
-            ).fetchone()
-            if row is None:
-                raise _not_found("Conversation", conv_id)
+            old = self._owned(db, owner, conv_id)
             db.execute("UPDATE conversations SET metadata = ?, size = ? WHERE id = ?", (meta, size, conv_id))
-            self._charge(db, owner, size - int(row[0]))
+            self._charge(db, owner, size - old)
         return self.get_conversation(owner, conv_id)
 
     def delete_conversation(self, owner: str, conv_id: str) -> dict[str, Any]:
         with self._tx() as db:
-            row = db.execute(
-                "SELECT size FROM conversations WHERE id = ? AND owner = ?", (conv_id, owner)
-            ).fetchone()
-            if row is None:
-                raise _not_found("Conversation", conv_id)
+            size = self._owned(db, owner, conv_id)
             items = db.execute(
                 "SELECT COALESCE(SUM(size), 0) FROM items WHERE conversation = ?", (conv_id,)
             ).fetchone()[0]
             db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
-            self._charge(db, owner, -int(row[0]) - int(items))
+            self._charge(db, owner, -size - int(items))
         return {"id": conv_id, "object": "conversation.deleted", "deleted": True}
 
-    def _owned(self, db: sqlite3.Connection, owner: str, conv_id: str) -> None:
-        if not db.execute(
-            "SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conv_id, owner)
-        ).fetchone():
-            raise _not_found("Conversation", conv_id)
+    def _owned(self, db: sqlite3.Connection, owner: str, conv_id: str) -> int:
+        """The size a conversation of the owner's counts (404 when it has none of that id)."""
+        return _owned_size(db, "conversations", "Conversation", owner, conv_id)
 
     def _append(self, db: sqlite3.Connection, owner: str, conv_id: str, items: list[dict[str, Any]]) -> None:
         total = 0
@@ -486,13 +484,9 @@ class Store:
 
     def delete_response(self, owner: str, resp_id: str) -> dict[str, Any]:
         with self._tx() as db:
-            row = db.execute(
-                "SELECT size FROM responses WHERE id = ? AND owner = ?", (resp_id, owner)
-            ).fetchone()
-            if row is None:
-                raise _not_found("Response", resp_id)
+            size = _owned_size(db, "responses", "Response", owner, resp_id)
             db.execute("DELETE FROM responses WHERE id = ?", (resp_id,))
-            self._charge(db, owner, -int(row[0]))
+            self._charge(db, owner, -size)
         return {"id": resp_id, "object": "response", "deleted": True}
 
     def input_items(self, owner: str, resp_id: str, limit: int, order: str, after: str | None) -> Page:
