@@ -280,28 +280,88 @@ def test_a_failed_warm_up_is_raised_to_whoever_waits(tmp_path: Path) -> None:
     engine.shutdown()
 
 
-def test_a_new_request_interrupts_a_prompt_step(tiny_path: Path) -> None:
-    """A prompt step abandoned between layers for a newly arrived request keeps nothing (its cells are
-    dropped, the slot's tokens unchanged), the next prompt step runs whole, and the prompt then gives the
-    tokens it gives uninterrupted."""
-    prompt = [256, *range(1, 100)]
-    engine = Engine(tiny_path, EngineConfig(n_ctx=512, n_parallel=2, n_batch=32, warmup=False))
-    want = _tokens_alone(engine, prompt)
-    handle = engine.submit(
+def _submit(engine: Engine, prompt: list[int]) -> RequestHandle:
+    return engine.submit(
         GenerationRequest(prompt=prompt, max_tokens=4, sampling=GREEDY_NO_EOS, cache_prompt=False)
     )
+
+
+def _admit(engine: Engine) -> None:
     engine._drain(block=False)
     engine.scheduler.admit()
+
+
+def test_a_new_request_interrupts_a_prompt_step(tiny_path: Path) -> None:
+    """A prompt step stopped between layers for a newly arrived request is held with its cells placed:
+    the newcomer's prompt runs first, then the held step goes on from the layer it stopped at, and both
+    requests give the tokens they give alone."""
+    prompt, short = [256, *range(1, 100)], [256, 7, 8, 9]
+    engine = Engine(tiny_path, EngineConfig(n_ctx=512, n_parallel=2, n_batch=32, warmup=False))
+    want, want_short = _tokens_alone(engine, prompt), _tokens_alone(engine, short)
+    handle = _submit(engine, prompt)
+    _admit(engine)
     slot = next(s for s in engine.scheduler.slots if s.request is not None)
-    engine._sent += 1  # as if a request arrived during the step
+    newcomer = _submit(engine, short)  # arrives while the first prompt step runs
     engine.step()
-    assert engine.n_interrupted == 1 and slot.tokens == [] and engine.kv.seq_pos_max(slot.id) == -1
-    engine.step()  # the next prompt step is not interrupted, whatever arrives
-    assert engine.n_interrupted == 1 and len(slot.tokens) == 32
-    engine._sent -= 1
+    assert engine.n_interrupted == 1 and slot.tokens == [] and engine.kv.seq_pos_max(slot.id) == 31
+    _admit(engine)
+    other = next(s for s in engine.scheduler.slots if s.request is not None and s is not slot)
+    engine.step()  # the newcomer's prompt, alone: its first token
+    assert other.n_generated == 1 and slot.tokens == []
+    engine.step()  # the held step, from where it stopped
+    assert len(slot.tokens) == 32 and engine.n_interrupted == 1
     while engine.scheduler.has_work:
         engine.step()
     assert handle.final is not None and [ev.token for ev in _events(handle)] == want
+    assert newcomer.final is not None and [ev.token for ev in _events(newcomer)] == want_short
+
+
+def test_a_request_that_ends_while_its_step_is_held_leaves_no_cells(tiny_path: Path) -> None:
+    """Cancelled while its step is held: the step's placed cells are dropped with it (the slot's cache is
+    what ran whole), and the slot's next request gives the tokens it gives alone."""
+    prompt = [256, *range(1, 100)]
+    engine = Engine(tiny_path, EngineConfig(n_ctx=512, n_parallel=2, n_batch=32, warmup=False))
+    want = _tokens_alone(engine, prompt)
+    handle = _submit(engine, prompt)
+    _admit(engine)
+    slot = next(s for s in engine.scheduler.slots if s.request is not None)
+    engine.step()  # 32 tokens run whole
+    newcomer = _submit(engine, [256, 5, 6])
+    engine.step()  # the next chunk is stopped for the newcomer
+    assert engine.n_interrupted == 1 and engine.kv.seq_pos_max(slot.id) == 63 and len(slot.tokens) == 32
+    handle.cancel()
+    _admit(engine)
+    engine.step()  # the cancellation is seen, the newcomer's prompt runs
+    assert handle.final is not None and engine.kv.seq_pos_max(slot.id) == 31
+    while engine.scheduler.has_work:
+        engine.step()
+    assert engine.scheduler.suspended == {} and not engine.kv.pinned
+    assert newcomer.final is not None and _tokens_alone(engine, prompt) == want
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gpt-oss", "qwen3moe"])
+def test_a_step_held_at_any_layer_resumes_exactly(tmp_path: Path, arch: str) -> None:
+    """Sliding windows, per-layer inputs and shared keys (gemma4), sinks and experts: a prompt step held
+    before some layer while a newcomer's prompt runs, then resumed, gives both requests the tokens they
+    give alone."""
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, seed=3)
+    prompt, short = [1, *range(5, 60)], [1, 9, 8, 7]
+    engine = Engine(path, EngineConfig(n_ctx=256, n_parallel=2, n_batch=32, warmup=False))
+    want, want_short = _tokens_alone(engine, prompt), _tokens_alone(engine, short)
+    handle = _submit(engine, prompt)
+    _admit(engine)
+    newcomer = _submit(engine, short)
+    calls = itertools.count(1)
+    stop_at = engine.model.config.n_layer - 1  # asked before layers 1..n-1: held before the last one
+    engine._arrived = lambda: next(calls) == stop_at  # type: ignore[method-assign]
+    engine.step()
+    assert engine.n_interrupted == 1 and engine._held is not None and engine._held.suspension.layer == stop_at
+    _admit(engine)
+    while engine.scheduler.has_work:
+        engine.step()
+    assert engine.n_interrupted == 1
+    assert handle.final is not None and [ev.token for ev in _events(handle)] == want
+    assert newcomer.final is not None and [ev.token for ev in _events(newcomer)] == want_short
 
 
 def _tokens_alone(engine: Engine, prompt: list[int]) -> list[int]:

@@ -25,7 +25,7 @@ from llama_quant.cpu import resolve_kernel_set
 from llama_quant.kernels import release_worker_threads
 
 from .arch import DecoderModel, load_model
-from .arch.base import StepInterrupted
+from .arch.base import StepInterrupted, Suspension
 from .checkpoints import DEFAULT_CHECKPOINTS, CheckpointConfig
 from .grammar.matcher import check_grammar_request
 from .handles import (
@@ -77,6 +77,17 @@ __all__ = [
 # a prompt step of at least this many tokens is interrupted (between layers) by a newly arrived request
 _INTERRUPTIBLE_TOKENS = 16
 _MEASURED_TOKENS = 32  # steps of at least this many tokens measure the per-token cost; the smallest cap
+
+
+@dataclass(slots=True)
+class _Held:
+    """A prompt step stopped between layers (`Engine.step`): its plan, where its pass stopped, its
+    adapters; `waited` once the newcomer's step has run."""
+
+    step: Step
+    suspension: Suspension
+    loras: list[tuple[LoraAdapter, float]]
+    waited: bool = False
 
 
 class QueueFullError(RuntimeError):
@@ -227,8 +238,8 @@ class Engine:
         self.steps = 0
         self.failed: BaseException | None = None  # the warm-up's error, when the loop could not start
         self._token_s = 0.0  # measured seconds per token of steps with prompt chunks (`_measured`)
-        self._interrupted = False  # the previous step was interrupted (`_interruptible`)
-        self.n_interrupted = 0  # prompt steps abandoned for a newly arrived request
+        self._held: _Held | None = None  # a prompt step stopped between layers for a newcomer (`step`)
+        self.n_interrupted = 0  # prompt steps stopped for a newly arrived request (and resumed)
         self._sent = self._taken = 0  # generation requests submitted / taken from the inbox by the loop
         if config.max_step_ms > 0:  # until a step is measured, a small cap beside decoding streams
             self.scheduler.prefill_cap = min(config.n_batch, 2 * _MEASURED_TOKENS)
@@ -538,22 +549,36 @@ class Engine:
                 return True
 
     def step(self) -> None:
-        """One step: the scheduler's plan, one forward pass over its batch, then its results."""
+        """One step: the scheduler's plan, one forward pass over its batch, then its results. A long prompt
+        step that a newly arrived request interrupts (between layers) is held: the newcomer's step runs,
+        then the held one goes on from the layer it stopped at."""
         sched = self.scheduler
+        held = self._held
+        if held is not None and held.waited:
+            self._resume(held)
+            return
         step = sched.schedule()
         if step is None:
+            if held is not None:
+                self._resume(held)
             return
+        if held is not None:
+            held.waited = True
         t0 = time.perf_counter()
         # one adapter set per step: the scheduler batches only work that uses the same scales
         self.model.loras = [(self.loras[i], s) for i, s in enumerate(sched.step_lora) if s != 0]
-        eligible = self._interruptible(step)
-        self.model.interrupt = self._arrived if eligible and not self._interrupted else None
+        self.model.interrupt = self._arrived if held is None and self._interruptible(step) else None
         try:
             logits, hidden = self.model.forward(step.batch, self.kv)
-        except StepInterrupted:  # a request arrived that should not wait for this prompt step: it goes first
-            sched.undo(step)
-            self._interrupted = True
+        except StepInterrupted as e:  # a request arrived that should not wait for this prompt step
             self.n_interrupted += 1
+            if step.n_scheduled > sched.prefill_cap:
+                # a chunk longer than a step shared with others (a prompt that ran alone): each of its
+                # layers is too long to wait for; it is dropped and runs again in capped chunks
+                sched.undo(step)
+                return
+            sched.suspend(step)
+            self._held = _Held(step.copy(), e.suspension, self.model.loras)
             return
         except KVCacheFullError as e:
             sched.undo(step)
@@ -565,17 +590,42 @@ class Engine:
             return
         finally:
             self.model.interrupt = None
-        if eligible:  # a prompt step ran whole: the next one may be interrupted again
-            self._interrupted = False
         self._measured(step.n_scheduled, time.perf_counter() - t0)
         sched.postprocess(step, logits, hidden)
+        self.steps += 1
+
+    def _resume(self, held: _Held) -> None:
+        """Go on with the held step from where it stopped, unless one of its requests ended meanwhile
+        (then its cells are dropped and its prompts scheduled again). Another newcomer may stop it again:
+        each time after at least one more layer, so it always advances."""
+        sched = self.scheduler
+        self._held = None
+        if not sched.resumable():
+            sched.abandon()
+            return
+        self.model.loras = held.loras
+        self.model.interrupt = self._arrived
+        try:
+            logits, hidden = self.model.forward(held.step.batch, self.kv, held.suspension)
+        except StepInterrupted as e:
+            self._held = _Held(held.step, e.suspension, held.loras)
+            self.n_interrupted += 1
+            return
+        except Exception as e:
+            sched.abandon()
+            sched.fail_all(f"internal error: {type(e).__name__}: {e}")
+            return
+        finally:
+            self.model.interrupt = None
+        sched.resumed()
+        sched.postprocess(held.step, logits, hidden)
         self.steps += 1
 
     def _interruptible(self, step: Step) -> bool:
         """Whether a new request may interrupt this step: a step of prompt chunks only (no stream waits on
         it), long enough to matter, while a slot is free for the newcomer, on a model without recurrent
-        state (abandoned cells are dropped; a state cannot be). After an interrupted one, the next such step
-        runs whole, so a flood of short requests still lets a long prompt advance."""
+        state (a request that ends while its step is held drops the step's cells; a state could not drop
+        what its first layers absorbed)."""
         sched = self.scheduler
         if self.kv.recurrent is not None or step.n_scheduled < _INTERRUPTIBLE_TOKENS:
             return False

@@ -86,6 +86,8 @@ class CellPool:
         self.n_cells = n_cells
         self.layers = layers
         self.window = window  # None: full attention; else a token at p sees cells with p - pos < window
+        # sequences whose cells stay even outside the window: a suspended pass still attends to them
+        self.pinned: set[int] | frozenset[int] = frozenset()
         # stores round to the cache type (f32 -> f16 to nearest even, as ggml_cpy; block types quantized)
         self.kv_dim = kv_dim
         self.type_k, self.type_v = kv_type(type_k), kv_type(type_v)
@@ -295,6 +297,8 @@ class CellPool:
         if self.window is None:
             return
         for seq in list(self._seq_cells):
+            if seq in self.pinned:
+                continue
             # later tokens sit at top + 1 or beyond and see positions > top + 1 - window
             top = self.seq_pos_max(seq)
             self.seq_rm(seq, 0, top - self.window + 2)
@@ -342,6 +346,9 @@ class KVCache:
         self.n_ctx = n_ctx
         self.type_k, self.type_v = type_k, type_v
         self.flash_attn = flash_attn
+        # sequences of a suspended forward pass (`DecoderModel.forward(resume=)`): their placed tokens still
+        # attend to cells a windowed pool would otherwise reclaim
+        self.pinned: set[int] = set()
         attn = range(n_layer) if layers is None else layers
         full_layers = [il for il in attn if il not in swa_layers]
         self.pools: list[CellPool | RecurrentPool] = []
@@ -366,6 +373,8 @@ class KVCache:
         return self.recurrent is None
 
     def _add_pool(self, pool: CellPool | RecurrentPool) -> None:
+        if isinstance(pool, CellPool):
+            pool.pinned = self.pinned
         self.pools.append(pool)
         for il in pool.layers:
             self._pool_of[il] = pool

@@ -110,6 +110,10 @@ class Scheduler:
         # the tokens kept); the engine sets it
         self.replay: Callable[[Batch], object] | None = None
         self._replays: list[tuple[int, int]] = []  # (slot, first position) of this step's rollbacks
+        # a prompt step stopped between layers for a newcomer (`suspend`): its sequences, each with its
+        # chunk's first position; they are not scheduled until the engine resumes (or abandons) the step
+        self.suspended: dict[int, int] = {}
+        self._suspension_broken = False  # one of them ended or was preempted meanwhile
 
     # -- admission ---------------------------------------------------------------------------------------
 
@@ -217,6 +221,7 @@ class Scheduler:
         and resumes from its next token. Its cells stay with the idle slot, where the prompt cache saves
         them before another request overwrites them."""
         assert s.request is not None and s.handle is not None
+        self._unsuspend(s)
         handle = s.handle
         if s.state == SlotState.PROMPT:
             again = Generate(s.request, handle, s.arrival)  # type: ignore[arg-type]
@@ -377,7 +382,9 @@ class Scheduler:
             if s.state == SlotState.GENERATE and b.room > 0 and s.lora == key:
                 self._schedule_decode(s)
         prefill: list[Slot | EmbeddingJob] = [
-            s for s in self.slots if s.state == SlotState.PROMPT and s.lora == key
+            s
+            for s in self.slots
+            if s.state == SlotState.PROMPT and s.lora == key and s.id not in self.suspended
         ]
         if self.embeddings and lora_key(self.embeddings[0].request.lora) == key:
             prefill.append(self.embeddings[0])
@@ -432,6 +439,39 @@ class Scheduler:
         order = sorted(keys)
         later = [k for k in order if k > self.step_lora]
         return later[0] if later else order[0]
+
+    # -- a suspended prompt step ---------------------------------------------------------------------------
+
+    def suspend(self, step: Step) -> None:
+        """The step's forward pass stopped between layers, to go on after a newcomer's step: its sequences
+        wait (their cells stay placed, kept from a window's reclaiming)."""
+        for q in step.seqs:
+            self.suspended[q] = int(step.batch.pos[step.offset[q]])
+        self.kv.pinned.update(step.seqs)
+
+    def resumable(self) -> bool:
+        """Whether every sequence of the suspended step still waits for it."""
+        return bool(self.suspended) and not self._suspension_broken
+
+    def resumed(self) -> None:
+        """The suspended step ran to its end (its results go through `postprocess`)."""
+        self.suspended.clear()
+        self.kv.pinned.clear()
+        self._suspension_broken = False
+
+    def abandon(self) -> None:
+        """The suspended step will not go on: its cells are dropped, its sequences scheduled again."""
+        for q, p0 in self.suspended.items():
+            self.kv.seq_rm(q, p0)
+        self.resumed()
+
+    def _unsuspend(self, s: Slot) -> None:
+        """A slot of the suspended step ends or is set aside: its placed cells go (before any cache of the
+        idle slot is kept), and the step cannot resume."""
+        p0 = self.suspended.pop(s.id, None)
+        if p0 is not None:
+            self.kv.seq_rm(s.id, p0)
+            self._suspension_broken = True
 
     def _drop_cancelled(self) -> None:
         for s in self.slots:
@@ -689,6 +729,7 @@ class Scheduler:
 
     def _finish(self, s: Slot, reason: StopReason, stop_word: str = "", error: str = "") -> None:
         assert s.request is not None and s.emit is not None
+        self._unsuspend(s)
         tail = ""
         if reason not in (StopReason.STOP_WORD, StopReason.ERROR, StopReason.CANCELLED):
             tail = s.held + s.detok.flush()  # type: ignore[attr-defined]

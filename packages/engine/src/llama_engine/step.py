@@ -44,6 +44,20 @@ class Step:
         """Tokens in this step (at most the budget)."""
         return self.batch.n
 
+    def copy(self) -> Step:
+        """A copy that outlives the next `schedule()` (a suspended step, resumed later)."""
+        b = self.batch
+        batch = Batch(b.tokens.copy(), b.pos.copy(), b.seq.copy(), b.output.copy(), b.n_logits)
+        return Step(
+            list(self.seqs),
+            list(self.n_tokens),
+            list(self.offset),
+            list(self.n_out),
+            list(self.out_offset),
+            list(self.drafts),
+            batch,
+        )
+
 
 class StepBuilder:
     """Fills a `Step` into buffers allocated once: no per-token Python objects, no dict per step."""

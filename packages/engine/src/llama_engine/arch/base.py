@@ -46,6 +46,7 @@ __all__ = [
     "LayerWeights",
     "ModelConfig",
     "StepInterrupted",
+    "Suspension",
     "UnsupportedArchitectureError",
     "register",
 ]
@@ -132,8 +133,26 @@ class LayerWeights:
     mixer: ShortConv | Mamba2 | DeltaNet | None = None
 
 
+@dataclass
+class Suspension:
+    """Where an interrupted forward pass stopped (`DecoderModel.interrupt`): the next layer to run, the
+    residual stream and that layer's normed input of the batch's tokens, the cells they were placed in, and
+    what else the architecture carries from layer to layer (`extra`). `forward(..., resume=)` goes on from
+    there: the layers already run keep their work, their keys and values are in the cache."""
+
+    layer: int
+    x: np.ndarray
+    h: np.ndarray
+    placed: Placement
+    extra: Any = None
+
+
 class StepInterrupted(Exception):
-    """A forward pass abandoned between layers (`DecoderModel.interrupt`): nothing it computed is kept."""
+    """A forward pass stopped between layers (`DecoderModel.interrupt`); `suspension` resumes it."""
+
+    def __init__(self, suspension: Suspension) -> None:
+        super().__init__(f"interrupted before layer {suspension.layer}")
+        self.suspension = suspension
 
 
 class DecoderModel:
@@ -175,8 +194,8 @@ class DecoderModel:
         self._ws: Workspace | None = None
         # LoRA adapters applied to this forward pass, with their scales (set by the engine between steps)
         self.loras: list[tuple[LoraAdapter, float]] = []
-        # asked between layers: True abandons the pass (StepInterrupted; the engine sets it for a long
-        # prompt step that a newly arrived request should not wait behind)
+        # asked between layers: True stops the pass there (StepInterrupted, resumable; the engine sets it
+        # for a long prompt step that a newly arrived request should not wait behind)
         self.interrupt: Callable[[], bool] | None = None
         self._release_pages()
 
@@ -484,23 +503,31 @@ class DecoderModel:
             np.copyto(out, x, casting="same_kind")
         return out
 
-    def forward(self, batch: Batch, kv: KVCache) -> tuple[np.ndarray, np.ndarray]:
+    def forward(
+        self, batch: Batch, kv: KVCache, resume: Suspension | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Run the batch; returns (logits [n_logits, n_vocab], final-normed hidden states [n_out, n_embd])
         for the tokens with `batch.output` set, in batch order (logits for the first `batch.n_logits`
-        output rows only, when it is not -1).
+        output rows only, when it is not -1). `resume`: go on with the same batch from where an interrupted
+        pass stopped (other batches may have run in between, on other sequences).
 
         Both are views into the model's workspace, valid until the next forward: copy what must outlive
         it."""
         with _FORWARD_LOCK:
             n, c = batch.n, self.config
             ws = self.workspace(n)
-            self.embed(batch.tokens, ws.x[:n])
-            placed = kv.place(batch)
             h = ws.h
-            ops.rms_norm(h.x, ws.x, self.layers[0].attn_norm, c.rms_eps, n, c.n_embd)
-            for il in range(c.n_layer):
-                if il and self.interrupt is not None and self.interrupt():
-                    raise StepInterrupted(il)
+            if resume is None:
+                self.embed(batch.tokens, ws.x[:n])
+                placed = kv.place(batch)
+                ops.rms_norm(h.x, ws.x, self.layers[0].attn_norm, c.rms_eps, n, c.n_embd)
+                first = 0
+            else:
+                placed, first = resume.placed, resume.layer
+                self.restore(ws, n, resume)
+            for il in range(first, c.n_layer):
+                if il > first and self.interrupt is not None and self.interrupt():
+                    raise StepInterrupted(self.suspend(ws, n, il, placed))
                 self.block(il, ws, batch, kv, placed)
             m = ops.output_norm(h.x, ws.x, batch.output, self.output_norm, c.rms_eps, n, c.n_embd)
             if m == 0:
@@ -513,6 +540,17 @@ class DecoderModel:
                 self.output.matmul(_fresh(h, m_logits), out=logits)
                 self.finish_logits(logits)
             return logits, h.x[:m]
+
+    def suspend(self, ws: Workspace, n: int, layer: int, placed: Placement) -> Suspension:
+        """What a pass stopped before `layer` needs to go on later, copied out of the shared workspace
+        (an architecture carrying more between layers adds it as `extra`)."""
+        kept = Placement(list(placed.cells), list(placed.ranges), placed.n_pos)  # the cache refills its own
+        return Suspension(layer, ws.x[:n].copy(), ws.h.x[:n].copy(), kept)
+
+    def restore(self, ws: Workspace, n: int, s: Suspension) -> None:
+        """The workspace as it was when the pass stopped (`suspend`)."""
+        ws.x[:n] = s.x
+        _fresh(ws.h, n).x[:n] = s.h
 
     def finish_logits(self, logits: np.ndarray) -> None:
         """Transform the logits in place (1: none)."""

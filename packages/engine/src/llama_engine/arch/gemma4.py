@@ -29,7 +29,7 @@ from .. import ops
 from ..batch import Batch
 from ..kv_cache import KVCache, Placement
 from ..ops.norm import rms_norm_row
-from .base import DecoderModel, LayerWeights, ModelConfig, _fresh, _vec, register
+from .base import DecoderModel, LayerWeights, ModelConfig, Suspension, _fresh, _vec, register
 from .rope_scaling import freq_factors
 from .workspace import EMPTY, Workspace
 
@@ -253,6 +253,18 @@ class Gemma4(DecoderModel):
         if self._ple is not None and len(tokens):
             self._per_layer_inputs(tokens, x)
         return x
+
+    def suspend(self, ws: Workspace, n: int, layer: int, placed: Placement) -> Suspension:
+        """With per-layer inputs, the later layers' rows of them go along."""
+        s = super().suspend(ws, n, layer, placed)
+        if self._ple is not None and self._scratch is not None:
+            s.extra = self._scratch.pl[layer:, :n].copy()
+        return s
+
+    def restore(self, ws: Workspace, n: int, s: Suspension) -> None:
+        super().restore(ws, n, s)
+        if s.extra is not None and self._scratch is not None:
+            self._scratch.pl[s.layer :, :n] = s.extra
 
     def _per_layer_inputs(self, tokens: np.ndarray, x: np.ndarray) -> None:
         c, n, n_pl = self.config, len(tokens), self.n_embd_per_layer
