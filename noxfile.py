@@ -226,7 +226,8 @@ def parity(session: nox.Session) -> None:
         session.skip("no package has parity tests yet")
     _install(session, list(PACKAGES), ["diskcache>=5.6", "jinja2>=2.11.3", "typing-extensions>=4.5"])
     session.install("--no-deps", _generic_oracle_wheel(session))
-    env = {"LLAMA_CPP_PORTABLE_BIN": str(_llama_cpp_tools(session, portable=True))}
+    # the portable build's bits: F16 / BF16 / F32 weights run the exact kernels (f64 sums)
+    env = {"LLAMA_CPP_PORTABLE_BIN": str(_llama_cpp_tools(session, portable=True)), "LLAMA_EXACT_FLOATS": "1"}
     for package in PARITY:
         _pytest(session, package, "-m", "parity", "-q", env=env)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 from tiny_models import write_tiny_model
 
 from llama_engine import (
@@ -24,6 +25,7 @@ from llama_engine import (
     StopReason,
 )
 from llama_engine import scheduler as scheduler_module
+from llama_engine.batch import Batch
 from llama_engine.requests import FinalEvent, TokenEvent
 from llama_engine.scheduler import _split_stop
 from llama_engine.vocab_tables import build_dry_vocab
@@ -265,6 +267,29 @@ def test_kernel_set_is_chosen_in_the_config(tiny_path: Path, llm: LLM) -> None:
     with LLM(tiny_path, n_ctx=64, warmup=False, kernels="portable") as portable:
         assert portable.engine.kernels == KernelSet.PORTABLE
         assert _run(portable.engine, req)[0] == _run(llm.engine, req)[0]  # every kernel set: the same numbers
+
+
+def test_float_weights_run_fast_unless_exact_is_asked(tmp_path: Path) -> None:
+    """An F16 model: the fast kernels (f32 sums) by default, the exact ones (the portable build's bits)
+    with `exact_floats`; their logits differ by f32 rounding only and their greedy tokens agree."""
+    path = write_tiny_model(tmp_path / "f16.gguf", "llama", seed=7, qtype=GGMLQuantizationType.F16)
+    prompt = [256, *range(3, 40)]
+    logits = {}
+    for exact in (False, True):
+        engine = Engine(path, EngineConfig(n_ctx=128, warmup=False, exact_floats=exact))
+        assert engine.model.exact_floats is exact and engine.model.output.exact is exact
+        out, _ = engine.model.forward(Batch.single(prompt, all_logits=True), engine.kv)
+        logits[exact] = out.copy()
+        assert _tokens_alone(engine, prompt) == _tokens_alone(engine, prompt)
+    fast, exact_ = logits[False], logits[True]
+    assert not np.array_equal(fast, exact_)
+    # a random model amplifies rounding differences along the sequence: tight at first, looser later
+    scale = np.abs(exact_).max()
+    assert np.abs(fast[:4] - exact_[:4]).max() <= 1e-5 * scale
+    assert np.abs(fast - exact_).max() <= 1e-2 * scale
+    top = np.sort(exact_, axis=1)
+    clear = top[:, -1] - top[:, -2] > 0.05 * scale  # rows without a near-tie for the top token
+    assert np.array_equal(fast.argmax(axis=1)[clear], exact_.argmax(axis=1)[clear]) and clear.sum() > 20
 
 
 def test_a_failed_warm_up_is_raised_to_whoever_waits(tmp_path: Path) -> None:

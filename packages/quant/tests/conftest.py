@@ -11,6 +11,9 @@ import pytest
 
 # as the llama-quant command sets it: on a shared machine spinning OpenMP barriers slow every kernel down
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# these tests hold every kernel to llama.cpp's portable build, bit for bit: F16 / BF16 / F32 weights run
+# their exact kernels unless a test asks for the fast ones (``exact=False``, test_fast_floats.py)
+os.environ.setdefault("LLAMA_EXACT_FLOATS", "1")
 
 MATRIX_KINDS = ("normal", "uniform", "outliers", "zero_rows", "tiny", "large")
 

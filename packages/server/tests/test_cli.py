@@ -143,3 +143,14 @@ def test_logit_bias_flag(captured):
     for value in ("15+1e308", "15-1e308", "15+1e31", "15+inf", "15+nan"):
         r = CliRunner().invoke(main, ["--logit-bias", value])
         assert r.exit_code == 2 and "finite within" in r.output, (value, r.output)
+
+
+def test_exact_floats_flag_and_environment_variable(captured):
+    """Fast float kernels unless `--exact-floats` or LLAMA_EXACT_FLOATS asks for the portable build's bits."""
+    env = {"LLAMA_EXACT_FLOATS": None}
+    assert CliRunner().invoke(main, [], env=env).exit_code == 0
+    assert _cfg(captured).exact_floats is False
+    assert CliRunner().invoke(main, ["--exact-floats"], env=env).exit_code == 0
+    assert _cfg(captured).exact_floats is True
+    assert CliRunner().invoke(main, [], env={"LLAMA_EXACT_FLOATS": "1"}).exit_code == 0
+    assert _cfg(captured).exact_floats is True

@@ -152,6 +152,10 @@ class EngineConfig:
     # kernel set: "portable", "avx2" or "avx512"; None: the LLAMA_KERNELS environment variable, else
     # the best the host runs (a set the host cannot run is a ValueError naming what it has)
     kernels: str | None = None
+    # F16 / BF16 / F32 weights: True runs the exact kernels (f64 sums: llama.cpp's portable build, bit for
+    # bit), False the fast ones (f32 sums in vector lanes, as its native build); None: LLAMA_EXACT_FLOATS,
+    # else fast. The quantized types always run their exact integer kernels.
+    exact_floats: bool | None = None
     # while streams are generating, prompt and embedding chunks are sized from measured step times so a
     # step takes about this long (streams keep their pace beside a long prompt); 0: fill n_batch (llama.cpp)
     max_step_ms: float = 120.0
@@ -179,7 +183,7 @@ class Engine:
         self._set_threads(config.n_threads)
         self.gguf = model if isinstance(model, GGUFFile) else open_gguf(model)
         self.kernels = resolve_kernel_set(config.kernels)  # a set the host cannot run fails here
-        self.model: DecoderModel = load_model(self.gguf, kernels=self.kernels)
+        self.model: DecoderModel = load_model(self.gguf, self.kernels, config.exact_floats)
         self.tokenizer = Tokenizer.from_gguf(
             self.gguf.tokenizer, self.gguf.header.name, self.gguf.header.architecture
         )
@@ -226,7 +230,13 @@ class Engine:
         spec = config.speculative
         if spec is not None and spec.enabled:  # a draft model that does not fit the target fails here
             self.speculator = Speculator(
-                spec, self.tokenizer, config.n_parallel, self.n_ctx, config.n_batch, self.kernels
+                spec,
+                self.tokenizer,
+                config.n_parallel,
+                self.n_ctx,
+                config.n_batch,
+                self.kernels,
+                self.model.exact_floats,
             )
             self.scheduler.speculator = self.speculator
             if self.kv.recurrent is not None:  # rejected drafts roll the state back and re-run the rest

@@ -75,12 +75,12 @@ def _meta(gguf: GGUFFile, key: str) -> object:
     return None if f is None else f.to_python()
 
 
-def _matrix(gguf: GGUFFile, name: str, kernels: KernelSet | None) -> ExactMatrix:
+def _matrix(gguf: GGUFFile, name: str, kernels: KernelSet | None, exact: bool) -> ExactMatrix:
     t = gguf.tensors[name]
     if len(t.shape) != 2:
         raise LoraError(f"{name} has shape {list(t.shape)}, expected a matrix")
     args = (gguf.tensor_bytes(name), t.ggml_type, t.shape[1], t.shape[0])
-    return ExactMatrix(*args, kernels=kernels)
+    return ExactMatrix(*args, kernels=kernels, exact=exact)
 
 
 def load_lora(path: str | os.PathLike[str], model: object) -> LoraAdapter:
@@ -109,8 +109,8 @@ def load_lora(path: str | os.PathLike[str], model: object) -> LoraAdapter:
         target = model._gguf.tensors.get(base)
         if target is None:
             raise LoraError(f"{path}: the model has no tensor {base}")
-        a = _matrix(gguf, base + ".lora_a", model.kernels)
-        b = _matrix(gguf, base + ".lora_b", model.kernels)
+        a = _matrix(gguf, base + ".lora_a", model.kernels, model.exact_floats)
+        b = _matrix(gguf, base + ".lora_b", model.kernels, model.exact_floats)
         n_in, n_out = target.shape[0], target.shape[1]
         if a.cols != n_in or b.rows != n_out:
             raise LoraError(f"{path}: {base} lora shapes do not match the model's weight")

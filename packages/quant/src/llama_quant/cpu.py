@@ -13,9 +13,18 @@ import os
 import numba
 from llvmlite import binding as llvm
 
-__all__ = ["ENV_VAR", "KernelSet", "cpu_has", "host_kernel_set", "resolve_kernel_set"]
+__all__ = [
+    "ENV_VAR",
+    "EXACT_ENV_VAR",
+    "KernelSet",
+    "cpu_has",
+    "host_kernel_set",
+    "resolve_exact_floats",
+    "resolve_kernel_set",
+]
 
 ENV_VAR = "LLAMA_KERNELS"
+EXACT_ENV_VAR = "LLAMA_EXACT_FLOATS"
 
 
 def cpu_has(*names: str) -> bool:
@@ -88,3 +97,21 @@ def resolve_kernel_set(choice: str | KernelSet | None) -> KernelSet:
             f"(or numba's target) lacks; it runs up to {host.name.lower()}"
         )
     return kernels
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def resolve_exact_floats(choice: bool | None) -> bool:
+    """Whether F16, BF16 and F32 weights run the exact kernels (``floats``, ``halves``: f64 sums, the bits of
+    llama.cpp's portable build) instead of the fast ones (``fast_floats``: f32 sums in vector lanes, as its
+    native build): ``choice`` if given, else the ``LLAMA_EXACT_FLOATS`` environment variable ("1", "true",
+    "yes", "on" or their opposites), else False. The quantized types always run their exact integer kernels."""
+    if choice is not None:
+        return bool(choice)
+    value = os.environ.get(EXACT_ENV_VAR, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{EXACT_ENV_VAR}={value!r}: expected 1/true/yes/on or 0/false/no/off")

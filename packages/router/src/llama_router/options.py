@@ -73,6 +73,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("-ctv --cache-type-v", "LLAMA_ARG_CACHE_TYPE_V"),
     _o("--slot-save-path"),
     _o("--scheduling-policy", "LLAMA_ARG_SCHEDULING_POLICY"),
+    _o("--exact-floats", "LLAMA_EXACT_FLOATS", _F),
     _o("--host", "LLAMA_ARG_HOST"),
     _o("--port", "LLAMA_ARG_PORT"),
     _o("--api-prefix", "LLAMA_ARG_API_PREFIX"),

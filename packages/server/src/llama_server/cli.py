@@ -193,6 +193,14 @@ def _opts(f: Any) -> Any:
         ),
         o("--slot-save-path", type=click.Path(file_okay=False), help="Directory for slot save/restore."),
         o(
+            "--exact-floats",
+            is_flag=True,
+            envvar="LLAMA_EXACT_FLOATS",
+            help="F16, BF16 and F32 weights run the exact kernels (f64 sums: llama.cpp's portable build, bit "
+            "for bit) instead of the fast ones (f32 sums in vector lanes, as its native build). Quantized "
+            "types always run their exact integer kernels.",
+        ),
+        o(
             "--scheduling-policy",
             type=click.Choice(["fcfs", "priority"]),
             default="fcfs",
@@ -483,6 +491,7 @@ def build_config(kw: dict[str, Any]) -> ServerConfig:
         slot_save_path=kw["slot_save_path"],
         store_path=kw["store_path"],
         scheduling_policy=kw["scheduling_policy"],
+        exact_floats=kw["exact_floats"],
         store_quota_mib=kw["store_quota"],
         jinja=kw["jinja"],
         chat_template=template,

@@ -73,6 +73,7 @@ class ServerConfig:
     store_path: str | None = None  # --store: the SQLite database of conversations and responses
     store_quota_mib: int = 256  # --store-quota: what each API key may keep there
     scheduling_policy: str = "fcfs"  # --scheduling-policy fcfs|priority (the request field `priority`)
+    exact_floats: bool = False  # --exact-floats: F16/BF16/F32 weights with the portable build's bits
     max_body_bytes: int = 16 * 1024 * 1024
     # resumable streams (X-Conversation-Id): llama.cpp's constants, settable so tests need not wait minutes
     stream_session_bytes: int = 4 * 1024 * 1024  # ring buffer cap per session

@@ -216,6 +216,7 @@ class ServerState:
                     cache_ram_mib=cfg.cache_ram[0],
                     cache_idle_slots=cfg.cache_ram[1],
                     scheduling_policy=cfg.scheduling_policy,
+                    exact_floats=cfg.exact_floats or None,  # else LLAMA_EXACT_FLOATS, else fast
                 ),
             ).start()
             engine.tokenizer.warmup()
@@ -228,6 +229,9 @@ class ServerState:
             self.engine = engine
             self.ready.set()
             log.info("model loaded in %.1f s", time.perf_counter() - t0)
+            model = engine.model
+            floats = "exact (f64 sums)" if model.exact_floats else "fast (f32 sums)"
+            log.info("kernels: %s; F16/BF16/F32 weights %s", model.kernels.name.lower(), floats)
             settle_heap()
             print(
                 f"main: server is listening on http://{cfg.host}:{cfg.port} - starting the main loop",

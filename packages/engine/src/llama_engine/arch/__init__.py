@@ -33,16 +33,19 @@ __all__ = [
 ]
 
 
-def load_model(gguf: GGUFFile, kernels: KernelSet | str | None = None) -> DecoderModel:
+def load_model(
+    gguf: GGUFFile, kernels: KernelSet | str | None = None, exact_floats: bool | None = None
+) -> DecoderModel:
     """Build the model for the file's architecture, its matrices and attention for the kernel set
-    ``kernels`` (``llama_quant.cpu.resolve_kernel_set``: None -> ``LLAMA_KERNELS`` or the host's best); an
-    unknown architecture names itself and the supported ones."""
+    ``kernels`` (``llama_quant.cpu.resolve_kernel_set``: None -> ``LLAMA_KERNELS`` or the host's best), its
+    F16 / BF16 / F32 matrices exact or fast (``llama_quant.cpu.resolve_exact_floats``: None ->
+    ``LLAMA_EXACT_FLOATS``, else fast); an unknown architecture names itself and the supported ones."""
     arch = gguf.header.architecture
     cls = ARCHITECTURES.get(arch)
     if cls is None:
         raise UnsupportedArchitectureError(
             f"architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
-    model = cls(gguf, kernels)
+    model = cls(gguf, kernels, exact_floats)
     trim_heap()  # the repacking's freed temporaries (30 MB on a 1 GB mixture-of-experts file)
     return model

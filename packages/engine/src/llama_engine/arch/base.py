@@ -26,7 +26,7 @@ import numpy as np
 
 from gguf_io import GGMLQuantizationType, GGUFFile, ModelHeader
 from llama_quant import dequantize
-from llama_quant.cpu import KernelSet, resolve_kernel_set
+from llama_quant.cpu import KernelSet, resolve_exact_floats, resolve_kernel_set
 from llama_quant.kernels import Activations, ExactMatrix, ExpertMatrix
 
 from .. import ops
@@ -168,8 +168,12 @@ class DecoderModel:
     swa_rope_scaled: ClassVar[bool] = False
     output_norm_name: ClassVar[str] = "output_norm.weight"
 
-    def __init__(self, gguf: GGUFFile, kernels: KernelSet | str | None = None) -> None:
+    def __init__(
+        self, gguf: GGUFFile, kernels: KernelSet | str | None = None, exact_floats: bool | None = None
+    ) -> None:
         self.kernels = resolve_kernel_set(kernels)
+        # F16 / BF16 / F32 weights: the portable build's bits, or f32 sums (`resolve_exact_floats`)
+        self.exact_floats = resolve_exact_floats(exact_floats)
         self._tile_cols = ops.tiles_for(self.kernels)  # the attention's many-lane tile width
         self.header = gguf.header
         self.config = self.make_config(gguf.header)
@@ -257,7 +261,7 @@ class DecoderModel:
             if t is not None
         ]
         if _MATRIX_KERNELS:
-            m = ExactMatrix.stacked(parts, cols.pop(), kernels=self.kernels)
+            m = ExactMatrix.stacked(parts, cols.pop(), kernels=self.kernels, exact=self.exact_floats)
         else:
             m = ExactMatrix.stacked(parts, cols.pop())
         if m is not None:
@@ -368,7 +372,7 @@ class DecoderModel:
 
     def _exact(self, raw: np.ndarray, qtype: GGMLQuantizationType, rows: int, cols: int) -> ExactMatrix:
         if _MATRIX_KERNELS:
-            return ExactMatrix(raw, qtype, rows, cols, kernels=self.kernels)
+            return ExactMatrix(raw, qtype, rows, cols, kernels=self.kernels, exact=self.exact_floats)
         return ExactMatrix(raw, qtype, rows, cols)
 
     def _release_pages(self) -> None:

@@ -86,8 +86,10 @@ class Gemma4(DecoderModel):
     rope_mode = ops.ROPE_NEOX
     activation = "gelu"
 
-    def __init__(self, gguf: GGUFFile, kernels: KernelSet | str | None = None) -> None:
-        super().__init__(gguf, kernels)
+    def __init__(
+        self, gguf: GGUFFile, kernels: KernelSet | str | None = None, exact_floats: bool | None = None
+    ) -> None:
+        super().__init__(gguf, kernels, exact_floats)
         meta, c, a = gguf.metadata, self.config, self.arch + "."
         pattern = meta.get(a + "attention.sliding_window_pattern")
         if pattern is None or len(pattern) < c.n_layer:

@@ -34,8 +34,10 @@ class GptOss(DecoderModel):
     rope_mode = ops.ROPE_NEOX
     swa_rope_scaled = True  # rope_freq_scale_train_swa = rope_freq_scale_train
 
-    def __init__(self, gguf: GGUFFile, kernels: KernelSet | str | None = None) -> None:
-        super().__init__(gguf, kernels)
+    def __init__(
+        self, gguf: GGUFFile, kernels: KernelSet | str | None = None, exact_floats: bool | None = None
+    ) -> None:
+        super().__init__(gguf, kernels, exact_floats)
         pattern = gguf.metadata.get("gpt-oss.attention.sliding_window_pattern")
         if pattern is not None and self.config.swa_window:
             swa = frozenset(il for il in range(self.config.n_layer) if _is_swa(pattern, il))

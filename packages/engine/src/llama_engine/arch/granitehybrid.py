@@ -36,7 +36,9 @@ __all__ = ["GraniteHybrid"]
 class GraniteHybrid(DecoderModel):
     rope_mode = ops.ROPE_NORM
 
-    def __init__(self, gguf: GGUFFile, kernels: KernelSet | str | None = None) -> None:
+    def __init__(
+        self, gguf: GGUFFile, kernels: KernelSet | str | None = None, exact_floats: bool | None = None
+    ) -> None:
         meta, a = gguf.metadata, gguf.header.architecture + "."
 
         def scale(key: str) -> float:
@@ -51,7 +53,7 @@ class GraniteHybrid(DecoderModel):
             il for il in range(gguf.header.block_count) if isinstance(kv, tuple) and kv[il] == 0
         ]
         self.ssm = Mamba2Shape.from_metadata(meta, gguf.header.architecture) if self._recurrent else None
-        super().__init__(gguf, kernels)
+        super().__init__(gguf, kernels, exact_floats)
         if scale("embedding_scale"):
             self.config = dataclasses.replace(self.config, embed_scale=scale("embedding_scale"))
 

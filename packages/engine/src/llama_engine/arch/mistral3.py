@@ -38,8 +38,10 @@ def temperature_factors(n_pos: int, scale: float, n_floor: int) -> np.ndarray:
 class Mistral3(DecoderModel):
     """Dense layers as llama's; MoE layers where the file has experts."""
 
-    def __init__(self, gguf: GGUFFile, kernels: KernelSet | str | None = None) -> None:
-        super().__init__(gguf, kernels)
+    def __init__(
+        self, gguf: GGUFFile, kernels: KernelSet | str | None = None, exact_floats: bool | None = None
+    ) -> None:
+        super().__init__(gguf, kernels, exact_floats)
         self.temperature_scale = float(gguf.metadata.get("mistral3.attention.temperature_scale", 0.0))
         self._temp_table = np.zeros(0, np.float32)  # by position, grown on demand
         self._temp = np.zeros(0, np.float32)  # one step's factors, by token

@@ -81,6 +81,7 @@ class DraftModel:
         n_ctx: int,
         n_batch: int,
         kernels: object = None,
+        exact_floats: bool | None = None,
     ) -> None:
         self.params = params
         self.n_max = max(0, params.n_max)
@@ -89,7 +90,7 @@ class DraftModel:
             self.gguf.tokenizer, self.gguf.header.name, self.gguf.header.architecture
         )
         check_compatible(target, self.tokenizer)
-        self.model: DecoderModel = load_model(self.gguf, kernels=kernels)  # type: ignore[arg-type]
+        self.model: DecoderModel = load_model(self.gguf, kernels, exact_floats)  # type: ignore[arg-type]
         self.n_vocab = min(
             target.n_vocab, self.model.config.n_vocab
         )  # drafts stay in the target's vocabulary

@@ -67,8 +67,10 @@ class Speculator:
         n_ctx: int,
         n_batch: int,
         kernels: object = None,
+        exact_floats: bool | None = None,
     ) -> None:
         self.config = config.validate()
+        self._exact_floats = exact_floats  # the draft model's float kernels: the target's mode
         self.tokenizer = tokenizer
         self.draft_model: DraftModel | None = None
         self.drafters: list[tuple[SpecType, Drafter]] = [
@@ -84,7 +86,7 @@ class Speculator:
     ) -> Drafter:
         c = self.config
         if t == SpecType.DRAFT_SIMPLE:
-            self.draft_model = DraftModel(c.draft, tok, n_seq, n_ctx, n_batch, kernels)
+            self.draft_model = DraftModel(c.draft, tok, n_seq, n_ctx, n_batch, kernels, self._exact_floats)
             return self.draft_model
         if t == SpecType.NGRAM_SIMPLE:
             return NgramSimple(c.ngram_simple)

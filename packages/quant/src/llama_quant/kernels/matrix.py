@@ -12,6 +12,10 @@ arithmetic, the same sums, the same float steps); AVX512 runs Q8_0 through ``qua
 products) for every token count, Q4_0, Q4_1, Q5_0 and Q5_1 from ``quads.QUAD_TOKENS`` tokens on, and the
 K types' lanes on 512-bit vectors; both keep F16 in fp16 for ``halves``. The i-quants and ternary
 types run ``iquants``' layouts in every set (IQ4_NL widened to Q8_0 rows, with the set's Q8_0 kernels).
+
+F16, BF16 and F32 are the exception unless the matrix is exact (``exact=True`` or ``LLAMA_EXACT_FLOATS``,
+``llama_quant.cpu.resolve_exact_floats``): by default they run ``fast_floats``, f32 sums in vector lanes as
+llama.cpp's native build (``_FAST_SPECS``), still independent of how tokens are batched.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from ..cpu import KernelSet, resolve_kernel_set
-from . import act, blocks32, floats, halves, iquants, klanes, kquants, pairs, quads
+from ..cpu import KernelSet, resolve_exact_floats, resolve_kernel_set
+from . import act, blocks32, fast_floats, floats, halves, iquants, klanes, kquants, pairs, quads
 from ._ir import f16_scales
 from ._tiles import TILE_ROWS, n_tiles
 from .ref import vec_dot_type
@@ -273,6 +277,21 @@ def _f(qtype: T, bb: int, fmt: str, ks: KernelSet) -> _Spec:
     )
 
 
+def _fast(qtype: T, bb: int, fmt: str, ks: KernelSet) -> _Spec:
+    """F16, BF16, F32 with f32 sums (``fast_floats``) on the exact kernels' tiles: fp16 ones for F16 from
+    AVX2 on (the F16C widening), f32 ones otherwise."""
+    if qtype == T.F16 and ks is not KernelSet.PORTABLE:
+        run = lambda a, o, x, n, r, nb: fast_floats.mm_fast(o, a[0], x[0], n, r, nb, True)  # noqa: E731
+        return _Spec(1, bb, fmt, halves.pack_f16, run)
+    return _Spec(
+        1,
+        bb,
+        fmt,
+        lambda raw, r, c: floats.pack(qtype, raw, r, c),
+        lambda a, o, x, n, r, nb: fast_floats.mm_fast(o, a[0], x[0], n, r, nb, False),
+    )
+
+
 def _specs(ks: KernelSet) -> dict[T, _Spec]:
     """Every supported type's layout and kernels under the kernel set ``ks``."""
     return {
@@ -297,6 +316,13 @@ def _specs(ks: KernelSet) -> dict[T, _Spec]:
 # Built once: a table per kernel set. Nothing is compiled until a kernel first runs, so the sets a host
 # cannot run cost nothing (and are refused by ``resolve_kernel_set`` before they are used).
 _SPECS: dict[KernelSet, dict[T, _Spec]] = {ks: _specs(ks) for ks in KernelSet}
+# the float types' fast kernels (``resolve_exact_floats``): f32 sums instead of the portable build's f64
+_FAST_SPECS: dict[KernelSet, dict[T, _Spec]] = {
+    ks: {
+        q: _fast(q, bb, fmt, ks) for q, bb, fmt in ((T.F16, 2, "f16"), (T.BF16, 2, "bf16"), (T.F32, 4, "f32"))
+    }
+    for ks in KernelSet
+}
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS[KernelSet.PORTABLE])
 # types whose rows convert exactly to another type's (to stack with them): ``_AS_Q8_0``'s
@@ -376,13 +402,23 @@ class ExactMatrix:
     ``ValueError``."""
 
     def __init__(
-        self, raw: np.ndarray, qtype: T | int, rows: int, cols: int, kernels: KernelSet | None = None
+        self,
+        raw: np.ndarray,
+        qtype: T | int,
+        rows: int,
+        cols: int,
+        kernels: KernelSet | None = None,
+        exact: bool | None = None,
     ) -> None:
         self.qtype = T(qtype)
         if self.qtype not in SUPPORTED_TYPES:
             raise ValueError(f"no exact kernel for {self.qtype.name}")
         self.kernels = resolve_kernel_set(kernels)
+        # F16 / BF16 / F32: the portable build's bits, or f32 sums (``llama_quant.cpu.resolve_exact_floats``)
+        self.exact = resolve_exact_floats(exact)
         spec = _SPECS[self.kernels][self.qtype]
+        if not self.exact:
+            spec = _FAST_SPECS[self.kernels].get(self.qtype, spec)
         flat = _raw_bytes(raw, self.qtype, rows, cols)
         self.rows, self.cols = rows, cols
         self.vec_dot_type = vec_dot_type(self.qtype)
@@ -400,7 +436,11 @@ class ExactMatrix:
 
     @classmethod
     def stacked(
-        cls, parts: Sequence[tuple[np.ndarray, T | int, int]], cols: int, kernels: KernelSet | None = None
+        cls,
+        parts: Sequence[tuple[np.ndarray, T | int, int]],
+        cols: int,
+        kernels: KernelSet | None = None,
+        exact: bool | None = None,
     ) -> ExactMatrix | None:
         """One matrix holding the rows of ``parts`` (``(raw, qtype, rows)`` each, ``cols`` columns) in order:
         one kernel launch instead of several, with the same numbers (each output is its own row's product).
@@ -427,7 +467,7 @@ class ExactMatrix:
                     n = min(step, rows - r)
                     out[at + r : at + r + n] = widen(flat[r : r + n], n, cols)
             at += rows
-        return cls(out, qtype, total, cols, kernels)
+        return cls(out, qtype, total, cols, kernels, exact)
 
     @property
     def nbytes(self) -> int:
