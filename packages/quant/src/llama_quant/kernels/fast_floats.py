@@ -19,86 +19,26 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import prange
 
 from ._tiles import N_CHUNKS, TILE_ROWS
+from .halves import _put, lane_pass
 
 __all__ = ["mm_fast"]
 
-_F32 = ir.FloatType()
 _LANES = 16
-_V16F, _V16H = ir.VectorType(_F32, _LANES), ir.VectorType(ir.HalfType(), _LANES)
 _BLOCK = 4  # tokens of a pass against half a tile (what is left: two, then one, against a whole tile)
 
 
-def _fmuladd(builder):  # type: ignore[no-untyped-def]
-    """LLVM's multiply-add of 16 x f32 (fused where the target has FMA)."""
-    module = builder.module
-    name = "llvm.fmuladd.v16f32"
-    return module.globals.get(name) or ir.Function(module, ir.FunctionType(_V16F, [_V16F] * 3), name)
-
-
 def _pass(lanes: int, tokens: int, half: bool):  # type: ignore[no-untyped-def]
-    """An intrinsic ``(res, w, roff, x, xoff, cols)``: for ``tokens`` tokens (x f32, token t's values at
-    ``x[xoff + t * cols:]``) and the ``lanes`` rows of the tile ``w`` (fp16 bits when ``half``, else f32) from
-    row ``roff``, the f32 sums over the ``cols`` columns in index order into ``res[t * lanes + r]``."""
-    groups = lanes // _LANES
-    wvec = _V16H if half else _V16F
-
-    @intrinsic
-    def run(typingctx, res, w, roff, x, xoff, cols):  # type: ignore[no-untyped-def]
-        sig = types.void(res, w, types.intp, x, types.intp, types.intp)
-
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 3)]
-            res_p, w_p, x_p = (a.data for a in arrays)
-            roff, xoff, cols = args[2], args[4], args[5]
-            zero = ir.Constant(_V16F, [0.0] * _LANES)
-            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(tokens * groups)]
-            lane0 = ir.Constant(ir.IntType(32), 0)
-            spread = ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES)
-            with cgutils.for_range(builder, cols) as loop:
-                i = loop.index
-                base = builder.add(builder.mul(i, ir.Constant(i.type, TILE_ROWS)), roff)
-                ws = []
-                for g in range(groups):
-                    at = builder.gep(w_p, [builder.add(base, ir.Constant(i.type, _LANES * g))])
-                    v = builder.load(builder.bitcast(at, wvec.as_pointer()), align=2 if half else 4)
-                    ws.append(builder.fpext(v, _V16F) if half else v)
-                for t in range(tokens):
-                    xo = builder.add(builder.add(xoff, i), builder.mul(cols, ir.Constant(i.type, t)))
-                    xi = builder.load(builder.gep(x_p, [xo]))
-                    one = builder.insert_element(ir.Constant(_V16F, ir.Undefined), xi, lane0)
-                    xb = builder.shuffle_vector(one, ir.Constant(_V16F, ir.Undefined), spread)
-                    for g in range(groups):
-                        acc = accs[t * groups + g]
-                        builder.store(builder.call(_fmuladd(builder), [ws[g], xb, builder.load(acc)]), acc)
-            for t in range(tokens):
-                for g in range(groups):
-                    at = builder.gep(res_p, [ir.Constant(ir.IntType(64), t * lanes + _LANES * g)])
-                    builder.store(
-                        builder.load(accs[t * groups + g]), builder.bitcast(at, _V16F.as_pointer()), align=4
-                    )
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return run
+    """f32 sums, 16 rows to a vector, of fp16 (``half``) or f32 weights (``halves.lane_pass``)."""
+    return lane_pass(
+        lanes, tokens, _LANES, ir.FloatType(), ir.HalfType() if half else ir.FloatType(), "llvm.fmuladd"
+    )
 
 
 _h1, _h2, _h4 = _pass(TILE_ROWS, 1, True), _pass(TILE_ROWS, 2, True), _pass(TILE_ROWS // 2, _BLOCK, True)
 _f1, _f2, _f4 = _pass(TILE_ROWS, 1, False), _pass(TILE_ROWS, 2, False), _pass(TILE_ROWS // 2, _BLOCK, False)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _put(out, res, t, tokens, lanes, r0, m):  # pragma: no cover - numba
-    """A pass's results (``res[b * lanes + k]``) into ``out[t + b, r0 + k]``, for the first ``m`` of its
-    ``lanes`` rows (the last tile's padding rows are dropped; m <= 0: none)."""
-    for b in range(tokens):
-        for k in range(max(0, min(lanes, m))):
-            out[t + b, r0 + k] = res[b * lanes + k]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

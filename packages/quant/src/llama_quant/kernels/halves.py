@@ -25,10 +25,9 @@ from numba.extending import intrinsic
 
 from ._tiles import N_CHUNKS, TILE_ROWS, row_minor, tile_rows
 
-__all__ = ["mm_f16", "pack_f16"]
+__all__ = ["lane_pass", "mm_f16", "pack_f16"]
 
 _F64 = ir.DoubleType()
-_V8D, _V8H, _V8F = ir.VectorType(_F64, 8), ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.FloatType(), 8)
 _BLOCK = 4  # tokens of a pass against half a tile (what is left: two, then one, against a whole tile)
 
 
@@ -38,18 +37,27 @@ def pack_f16(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
     return (row_minor(tile_rows(w, rows)),)
 
 
-def _fma(builder):  # type: ignore[no-untyped-def]
-    """LLVM's fused multiply-add of 8 x f64 (one ``vfmadd`` with FMA; always rounded once)."""
+def _muladd(builder, name: str, vec: ir.VectorType):  # type: ignore[no-untyped-def]
+    """An LLVM multiply-add of vectors: ``llvm.fma`` is always rounded once (one ``vfmadd`` with FMA),
+    ``llvm.fmuladd`` fuses where the target can."""
     module = builder.module
-    name = "llvm.fma.v8f64"
-    return module.globals.get(name) or ir.Function(module, ir.FunctionType(_V8D, [_V8D] * 3), name)
+    full = f"{name}.v{vec.count}{'f64' if vec.element == _F64 else 'f32'}"
+    return module.globals.get(full) or ir.Function(module, ir.FunctionType(vec, [vec] * 3), full)
 
 
-def _pass(lanes: int, tokens: int):  # type: ignore[no-untyped-def]
-    """An intrinsic ``(res, w, roff, x, xoff, cols)``: for ``tokens`` tokens (x f64, token t's values at
-    ``x[xoff + t * cols:]``) and the ``lanes`` rows of the tile ``w`` from row ``roff``, the f64 sums over
-    the ``cols`` columns in index order, rounded to f32 into ``res[t * lanes + r]``."""
-    groups = lanes // 8
+def lane_pass(lanes: int, tokens: int, width: int, acc: ir.Type, weight: ir.Type, muladd: str):  # type: ignore[no-untyped-def]
+    """An intrinsic ``(res, w, roff, x, xoff, cols)``: for ``tokens`` tokens (x in the sums' type ``acc``,
+    token t's values at ``x[xoff + t * cols:]``) and the ``lanes`` rows of the tile ``w`` (elements of type
+    ``weight``, widened to ``acc``) from row ``roff``, the sums over the ``cols`` columns in index order,
+    ``width`` rows to a vector, each step one ``muladd`` ("llvm.fma" or "llvm.fmuladd"), stored as f32 into
+    ``res[t * lanes + r]``."""
+    groups = lanes // width
+    vacc, vw, vf = (
+        ir.VectorType(acc, width),
+        ir.VectorType(weight, width),
+        ir.VectorType(ir.FloatType(), width),
+    )
+    align = 2 if isinstance(weight, ir.HalfType) else 4
 
     @intrinsic
     def run(typingctx, res, w, roff, x, xoff, cols):  # type: ignore[no-untyped-def]
@@ -59,37 +67,44 @@ def _pass(lanes: int, tokens: int):  # type: ignore[no-untyped-def]
             arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 3)]
             res_p, w_p, x_p = (a.data for a in arrays)
             roff, xoff, cols = args[2], args[4], args[5]
-            zero = ir.Constant(_V8D, [0.0] * 8)
+            zero = ir.Constant(vacc, [0.0] * width)
             accs = [cgutils.alloca_once_value(builder, zero) for _ in range(tokens * groups)]
             lane0 = ir.Constant(ir.IntType(32), 0)
-            spread = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
+            spread = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
+            fn = _muladd(builder, muladd, vacc)
             with cgutils.for_range(builder, cols) as loop:
                 i = loop.index
                 base = builder.add(builder.mul(i, ir.Constant(i.type, TILE_ROWS)), roff)
                 ws = []
                 for g in range(groups):
-                    at = builder.gep(w_p, [builder.add(base, ir.Constant(i.type, 8 * g))])
-                    half = builder.load(builder.bitcast(at, _V8H.as_pointer()), align=2)
-                    ws.append(builder.fpext(half, _V8D))
+                    at = builder.gep(w_p, [builder.add(base, ir.Constant(i.type, width * g))])
+                    v = builder.load(builder.bitcast(at, vw.as_pointer()), align=align)
+                    ws.append(v if weight == acc else builder.fpext(v, vacc))
                 for t in range(tokens):
                     xo = builder.add(builder.add(xoff, i), builder.mul(cols, ir.Constant(i.type, t)))
                     xi = builder.load(builder.gep(x_p, [xo]))
-                    one = builder.insert_element(ir.Constant(_V8D, ir.Undefined), xi, lane0)
-                    xb = builder.shuffle_vector(one, ir.Constant(_V8D, ir.Undefined), spread)
+                    one = builder.insert_element(ir.Constant(vacc, ir.Undefined), xi, lane0)
+                    xb = builder.shuffle_vector(one, ir.Constant(vacc, ir.Undefined), spread)
                     for g in range(groups):
-                        acc = accs[t * groups + g]
-                        # the product is exact (module doc), so this is ggml's widened f32 product
-                        builder.store(builder.call(_fma(builder), [ws[g], xb, builder.load(acc)]), acc)
+                        a = accs[t * groups + g]
+                        builder.store(builder.call(fn, [ws[g], xb, builder.load(a)]), a)
             for t in range(tokens):
                 for g in range(groups):
-                    at = builder.gep(res_p, [ir.Constant(ir.IntType(64), t * lanes + 8 * g)])
-                    val = builder.fptrunc(builder.load(accs[t * groups + g]), _V8F)
-                    builder.store(val, builder.bitcast(at, _V8F.as_pointer()), align=4)
+                    at = builder.gep(res_p, [ir.Constant(ir.IntType(64), t * lanes + width * g)])
+                    val = builder.load(accs[t * groups + g])
+                    val = val if acc == ir.FloatType() else builder.fptrunc(val, vf)
+                    builder.store(val, builder.bitcast(at, vf.as_pointer()), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return run
+
+
+def _pass(lanes: int, tokens: int):  # type: ignore[no-untyped-def]
+    """f64 sums of fp16 weights, 8 rows to a vector, each step a fused multiply-add: the product is exact
+    (module doc), so adding it is ggml's addition of its widened f32 product; rounded to f32 at the end."""
+    return lane_pass(lanes, tokens, 8, _F64, ir.HalfType(), "llvm.fma")
 
 
 _tile1 = _pass(TILE_ROWS, 1)
