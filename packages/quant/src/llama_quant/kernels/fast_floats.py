@@ -27,7 +27,7 @@ from .halves import _put, lane_pass
 __all__ = ["mm_fast"]
 
 _LANES = 16
-_BLOCK = 4  # tokens of a pass against half a tile (what is left: two, then one, against a whole tile)
+_BLOCK = 4  # tokens of a pass against a whole tile, 16 sums in registers (what is left: two, then one)
 
 
 def _pass(lanes: int, tokens: int, half: bool):  # type: ignore[no-untyped-def]
@@ -37,13 +37,13 @@ def _pass(lanes: int, tokens: int, half: bool):  # type: ignore[no-untyped-def]
     )
 
 
-_h1, _h2, _h4 = _pass(TILE_ROWS, 1, True), _pass(TILE_ROWS, 2, True), _pass(TILE_ROWS // 2, _BLOCK, True)
-_f1, _f2, _f4 = _pass(TILE_ROWS, 1, False), _pass(TILE_ROWS, 2, False), _pass(TILE_ROWS // 2, _BLOCK, False)
+_h1, _h2, _h4 = _pass(TILE_ROWS, 1, True), _pass(TILE_ROWS, 2, True), _pass(TILE_ROWS, _BLOCK, True)
+_f1, _f2, _f4 = _pass(TILE_ROWS, 1, False), _pass(TILE_ROWS, 2, False), _pass(TILE_ROWS, _BLOCK, False)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _run(res, half, b, wg, roff, xf, xoff, cols):  # pragma: no cover - numba
-    """One pass of b tokens (4: against half a tile; 2, 1: a whole tile) over fp16 or f32 tiles."""
+    """One pass of b tokens (4, 2 or 1) against a whole tile of fp16 or f32 weights."""
     if half:
         if b == _BLOCK:
             _h4(res, wg, roff, xf, xoff, cols)
@@ -68,7 +68,6 @@ def mm_fast(out, w, x, n, rows, cols, half):  # pragma: no cover - numba
     for t in range(n):
         for i in range(cols):
             xf[t * cols + i] = x[t, i]
-    half_tile = TILE_ROWS // 2
     for c in prange(N_CHUNKS):
         res = np.empty(_BLOCK * TILE_ROWS, np.float32)
         for g in range(G * c // N_CHUNKS, G * (c + 1) // N_CHUNKS):
@@ -76,10 +75,9 @@ def mm_fast(out, w, x, n, rows, cols, half):  # pragma: no cover - numba
             r0 = g * TILE_ROWS
             m = min(TILE_ROWS, rows - r0)
             t = 0
-            while t + _BLOCK <= n:
-                for h in range(2):
-                    _run(res, half, _BLOCK, wg, h * half_tile, xf, t * cols, cols)
-                    _put(out, res, t, _BLOCK, half_tile, r0 + h * half_tile, m - h * half_tile)
+            while t + _BLOCK <= n:  # whole tiles: each pass reads the tile's contiguous bytes once
+                _run(res, half, _BLOCK, wg, 0, xf, t * cols, cols)
+                _put(out, res, t, _BLOCK, TILE_ROWS, r0, m)
                 t += _BLOCK
             while t + 2 <= n:
                 _run(res, half, 2, wg, 0, xf, t * cols, cols)
