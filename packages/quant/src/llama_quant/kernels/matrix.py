@@ -263,33 +263,23 @@ def _k(qtype: T, bb: int, ks: KernelSet) -> _Spec:
     return _Spec(256, bb, "q8k", pk, run)
 
 
-def _f(qtype: T, bb: int, fmt: str, ks: KernelSet) -> _Spec:
-    """F16, BF16, F32: ``floats``' f32 tiles; from AVX2 on, F16 stays fp16 for ``halves.mm_f16``."""
+def _f(qtype: T, bb: int, fmt: str, ks: KernelSet, fast: bool = False) -> _Spec:
+    """F16, BF16, F32: ``floats``' f32 tiles; from AVX2 on, F16 stays fp16 (the F16C widening). Exact: f64
+    sums (``floats.mv_float``, ``halves.mm_f16``); ``fast``: f32 sums on the same tiles (``fast_floats``)."""
     if qtype == T.F16 and ks is not KernelSet.PORTABLE:
-        run = lambda a, o, x, n, r, nb: halves.mm_f16(o, a[0], x[0], n, r, nb)  # noqa: E731
+        if fast:
+            run = lambda a, o, x, n, r, nb: fast_floats.mm_fast(o, a[0], x[0], n, r, nb, True)  # noqa: E731
+        else:
+            run = lambda a, o, x, n, r, nb: halves.mm_f16(o, a[0], x[0], n, r, nb)  # noqa: E731
         return _Spec(1, bb, fmt, halves.pack_f16, run)
-    return _Spec(
-        1,
-        bb,
-        fmt,
-        lambda raw, r, c: floats.pack(qtype, raw, r, c),
-        lambda a, o, x, n, r, nb: floats.mv_float(o, a[0], x[0], n, r, nb),
-    )
+    if fast:
+        run = lambda a, o, x, n, r, nb: fast_floats.mm_fast(o, a[0], x[0], n, r, nb, False)  # noqa: E731
+    else:
+        run = lambda a, o, x, n, r, nb: floats.mv_float(o, a[0], x[0], n, r, nb)  # noqa: E731
+    return _Spec(1, bb, fmt, lambda raw, r, c: floats.pack(qtype, raw, r, c), run)
 
 
-def _fast(qtype: T, bb: int, fmt: str, ks: KernelSet) -> _Spec:
-    """F16, BF16, F32 with f32 sums (``fast_floats``) on the exact kernels' tiles: fp16 ones for F16 from
-    AVX2 on (the F16C widening), f32 ones otherwise."""
-    if qtype == T.F16 and ks is not KernelSet.PORTABLE:
-        run = lambda a, o, x, n, r, nb: fast_floats.mm_fast(o, a[0], x[0], n, r, nb, True)  # noqa: E731
-        return _Spec(1, bb, fmt, halves.pack_f16, run)
-    return _Spec(
-        1,
-        bb,
-        fmt,
-        lambda raw, r, c: floats.pack(qtype, raw, r, c),
-        lambda a, o, x, n, r, nb: fast_floats.mm_fast(o, a[0], x[0], n, r, nb, False),
-    )
+_FLOATS = ((T.F16, 2, "f16"), (T.BF16, 2, "bf16"), (T.F32, 4, "f32"))  # (type, bytes a value, activations)
 
 
 def _specs(ks: KernelSet) -> dict[T, _Spec]:
@@ -305,9 +295,7 @@ def _specs(ks: KernelSet) -> dict[T, _Spec]:
         T.Q4_K: _k(T.Q4_K, 144, ks),
         T.Q5_K: _k(T.Q5_K, 176, ks),
         T.Q6_K: _k(T.Q6_K, 210, ks),
-        T.F16: _f(T.F16, 2, "f16", ks),
-        T.BF16: _f(T.BF16, 2, "bf16", ks),
-        T.F32: _f(T.F32, 4, "f32", ks),
+        **{q: _f(q, bb, fmt, ks) for q, bb, fmt in _FLOATS},
         T.IQ4_NL: _q8("IQ4_NL", ks),
         **{q: _iq(q) for q in (T.MXFP4, T.IQ4_XS, *iquants.GRID_KINDS)},
     }
@@ -318,10 +306,7 @@ def _specs(ks: KernelSet) -> dict[T, _Spec]:
 _SPECS: dict[KernelSet, dict[T, _Spec]] = {ks: _specs(ks) for ks in KernelSet}
 # the float types' fast kernels (``resolve_exact_floats``): f32 sums instead of the portable build's f64
 _FAST_SPECS: dict[KernelSet, dict[T, _Spec]] = {
-    ks: {
-        q: _fast(q, bb, fmt, ks) for q, bb, fmt in ((T.F16, 2, "f16"), (T.BF16, 2, "bf16"), (T.F32, 4, "f32"))
-    }
-    for ks in KernelSet
+    ks: {q: _f(q, bb, fmt, ks, fast=True) for q, bb, fmt in _FLOATS} for ks in KernelSet
 }
 
 SUPPORTED_TYPES: frozenset[T] = frozenset(_SPECS[KernelSet.PORTABLE])
