@@ -40,17 +40,17 @@ def test_windowed_ranges_and_reclaim() -> None:
 
 
 def test_a_pinned_sequence_keeps_its_cells_outside_the_window() -> None:
-    """A held step's sequence is pinned (`KVCache.pinned`): reclaiming cells outside the window passes it
+    """A held step's sequence is pinned (`KVCache.pin`): reclaiming cells outside the window passes it
     by."""
     kv = KVCache(n_ctx=16, n_layer=1, kv_dim=4, swa_layers=frozenset({0}), window=3, swa_full=True)
     pool = kv.pools[0]
     assert isinstance(pool, CellPool)
     _place(pool, 0, range(0, 8))
     _place(pool, 1, range(0, 8))
-    kv.pinned.add(0)
+    kv.pin({0})
     pool._reclaim_outside_windows()
     assert len(pool.seq_cells(0)) == 8 and sorted(pool.pos[pool.seq_cells(1)]) == [6, 7]
-    kv.pinned.clear()
+    kv.pin(frozenset())
     pool._reclaim_outside_windows()
     assert sorted(pool.pos[pool.seq_cells(0)]) == [6, 7]
 

@@ -11,7 +11,7 @@ sequence for those layers (llama.cpp's hybrid memory), handled by the same per-s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -87,7 +87,7 @@ class CellPool:
         self.layers = layers
         self.window = window  # None: full attention; else a token at p sees cells with p - pos < window
         # sequences whose cells stay even outside the window: a suspended pass still attends to them
-        self.pinned: set[int] | frozenset[int] = frozenset()
+        self.pinned: Container[int] = frozenset()
         # stores round to the cache type (f32 -> f16 to nearest even, as ggml_cpy; block types quantized)
         self.kv_dim = kv_dim
         self.type_k, self.type_v = kv_type(type_k), kv_type(type_v)
@@ -347,8 +347,8 @@ class KVCache:
         self.type_k, self.type_v = type_k, type_v
         self.flash_attn = flash_attn
         # sequences of a suspended forward pass (`DecoderModel.forward(resume=)`): their placed tokens still
-        # attend to cells a windowed pool would otherwise reclaim
-        self.pinned: set[int] = set()
+        # attend to cells a windowed pool would otherwise reclaim (`pin`)
+        self.pinned: Container[int] = frozenset()
         attn = range(n_layer) if layers is None else layers
         full_layers = [il for il in attn if il not in swa_layers]
         self.pools: list[CellPool | RecurrentPool] = []
@@ -371,6 +371,14 @@ class KVCache:
         """Whether positions can be removed from the middle of a sequence and the rest moved (context
         shift, cache reuse by shifting): not with recurrent state, which cannot drop what it absorbed."""
         return self.recurrent is None
+
+    def pin(self, seqs: Container[int]) -> None:
+        """Keep the cells of `seqs` from a window's reclaiming; a live view (the scheduler's suspended
+        sequences) follows its owner."""
+        self.pinned = seqs
+        for p in self.pools:
+            if isinstance(p, CellPool):
+                p.pinned = seqs
 
     def _add_pool(self, pool: CellPool | RecurrentPool) -> None:
         if isinstance(pool, CellPool):

@@ -114,6 +114,7 @@ class Scheduler:
         # chunk's first position; they are not scheduled until the engine resumes (or abandons) the step
         self.suspended: dict[int, int] = {}
         self._suspension_broken = False  # one of them ended or was preempted meanwhile
+        kv.pin(self.suspended.keys())  # their cells stay while they wait
 
     # -- admission ---------------------------------------------------------------------------------------
 
@@ -444,10 +445,9 @@ class Scheduler:
 
     def suspend(self, step: Step) -> None:
         """The step's forward pass stopped between layers, to go on after a newcomer's step: its sequences
-        wait (their cells stay placed, kept from a window's reclaiming)."""
+        wait (their cells stay placed, kept from a window's reclaiming: `KVCache.pin`)."""
         for q in step.seqs:
             self.suspended[q] = int(step.batch.pos[step.offset[q]])
-        self.kv.pinned.update(step.seqs)
 
     def resumable(self) -> bool:
         """Whether every sequence of the suspended step still waits for it."""
@@ -456,7 +456,6 @@ class Scheduler:
     def resumed(self) -> None:
         """The suspended step ran to its end (its results go through `postprocess`)."""
         self.suspended.clear()
-        self.kv.pinned.clear()
         self._suspension_broken = False
 
     def abandon(self) -> None:
