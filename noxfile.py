@@ -35,6 +35,8 @@ PACKAGES: dict[str, list[str]] = {
     "server": ["gguf-io", "quant", "engine", "webui", "tools"],
     "router": ["webui", "tools"],
 }
+# Optional extras installed with a package wherever it is installed (the router's tests run a Ray cluster)
+EXTRAS: dict[str, str] = {"router": "ray"}
 # Packages a package's tests need beyond its own dependencies (the router's tests start llama-server children)
 TEST_PACKAGES: dict[str, list[str]] = {"router": ["server"]}
 # Packages with tests marked `parity` (they need the oracle below).
@@ -112,7 +114,7 @@ def _folders(names: list[str]) -> list[str]:
         for dep in [*PACKAGES[name], name]:
             if dep not in ordered:
                 ordered.append(dep)
-    return [str(ROOT / "packages" / n) for n in ordered]
+    return [str(ROOT / "packages" / n) + (f"[{EXTRAS[n]}]" if n in EXTRAS else "") for n in ordered]
 
 
 def _install(session: nox.Session, packages: list[str], extra: list[str] | None = None) -> None:

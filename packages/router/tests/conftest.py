@@ -23,10 +23,12 @@ SERVER = str(Path(sys.executable).parent / "llama-server")
 class Router:
     """A running router process: its URL, its log lines, and an httpx client."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, key: str = "") -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, key: str = "", program: str = SERVER
+    ) -> None:
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(
-            [SERVER, "--port", "0", *args],
+            [program, "--port", "0", *args],
             stderr=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=full_env,

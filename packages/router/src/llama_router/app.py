@@ -24,6 +24,7 @@ from llama_tools.webui import webui_routes
 import llama_webui
 
 from . import __version__
+from .cluster import Cluster
 from .config import RouterConfig
 from .downloads import Downloads
 from .edge import Edge
@@ -79,6 +80,8 @@ def model_status(inst: Instance, command: tuple[str, ...]) -> dict[str, Any]:
         st["pinned"] = True
     if inst.running and inst.unload_at is not None:  # keep-alive: when it unloads if still idle then
         st["unload_at"] = round(inst.unload_at, 3)
+    if inst.pool is not None:  # replicas on a Ray cluster: each with its node and state
+        st["cluster"] = inst.pool.describe()
     if inst.exit_code is not None and inst.exit_code != 0 and not inst.running:
         st["exit_code"], st["failed"] = inst.exit_code, True
     return st
@@ -236,6 +239,12 @@ def create_app(config: RouterConfig) -> Any:
     """The router's ASGI app. Its lifespan starts the `load-on-startup` models and, on shutdown, stops
     every child (waiting for their exit)."""
     manager = ModelManager(config)
+    if config.ray:
+        cluster = Cluster(
+            manager, config.ray, config.ray_namespace, config.ray_nodes, config.ray_keep_replicas
+        )
+        cluster.connect()
+        manager.cluster = cluster
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(max_connections=None)
     )
@@ -247,6 +256,8 @@ def create_app(config: RouterConfig) -> Any:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        if manager.cluster is not None:
+            manager.cluster.begin()
         await manager.start_up()
         checker = asyncio.ensure_future(check_replicas(manager, client))
         keeper = asyncio.ensure_future(manager.keep_alive_loop())

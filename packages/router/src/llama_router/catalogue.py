@@ -15,6 +15,7 @@ from pathlib import Path
 from llama_tools.hub.cache import list_cached, resolve_cached
 
 from . import options as opts
+from .cluster import ClusterError, ClusterSpec, parse_cluster
 from .keep_alive import KeepAliveError, parse_keep_alive
 from .preset import PresetError, canonical_name, parse_ini, render_ini
 
@@ -55,6 +56,7 @@ class Entry:
     hidden: bool = False
     remote: tuple[str, ...] = ()  # URLs of remote llama-servers serving this model (no local child)
     remote_keys: tuple[str, ...] = field(default=(), repr=False)  # () or one API key per `remote` URL
+    cluster: ClusterSpec | None = None  # replicas on a Ray cluster (`replicas`, `min-replicas`, ...)
 
     def child_args(self) -> list[str]:
         """The child's option arguments (no host/port/alias: the spawner adds those). A cached `hf-repo`
@@ -72,7 +74,7 @@ class Entry:
 
     def identity(self) -> tuple[object, ...]:
         """What a reload compares to decide whether a running child must restart."""
-        return (tuple(sorted(self.options.items())), self.remote, self.remote_keys)
+        return (tuple(sorted(self.options.items())), self.remote, self.remote_keys, self.cluster)
 
     def modalities(self) -> list[str]:
         """Input modalities known offline: a projector file means images."""
@@ -242,6 +244,12 @@ def _apply_special(entry: Entry, special: dict[str, str], startup: bool) -> None
     except KeepAliveError as e:
         raise CatalogueError(f"[{entry.name}] keep-alive: {e}") from None
     entry.remote = _split_list(special.get("remote"))
+    try:
+        entry.cluster = parse_cluster(entry.name, special)
+    except ClusterError as e:
+        raise CatalogueError(str(e)) from None
+    if entry.cluster and entry.remote:
+        raise CatalogueError(f"preset '{entry.name}': remote URLs and Ray replicas are two ways; give one")
 
 
 def _remote_keys(

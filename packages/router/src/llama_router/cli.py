@@ -197,6 +197,27 @@ _CTX = {
     envvar="LLAMA_ARG_KEEP_ALIVE_MAX",
     help="The longest keep-alive a request or preset may ask for (negative: no bound).",
 )
+@click.option(
+    "--ray",
+    default="",
+    envvar="LLAMA_ARG_RAY",
+    help="Place the replicas of presets with `replicas`/`min-replicas`/`max-replicas` on a Ray cluster: auto "
+    "(the running cluster), ADDRESS (host:port of its head), or local (start --ray-nodes nodes on this "
+    "machine). Needs pip install 'llama-router[ray]'.",
+)
+@click.option("--ray-nodes", type=int, default=2, show_default=True, help="Nodes of `--ray local`.")
+@click.option(
+    "--ray-namespace",
+    default="llama-router",
+    show_default=True,
+    help="Ray namespace of this router's replicas (two routers on one cluster need two).",
+)
+@click.option(
+    "--ray-keep-replicas",
+    is_flag=True,
+    help="Leave the replicas running when the router exits; the next router with the same namespace "
+    "adopts them.",
+)
 @click.option("--ui/--no-ui", "--webui/--no-webui", "webui", default=True, envvar="LLAMA_ARG_UI")
 @click.option("--path", "static_path", envvar="LLAMA_ARG_STATIC_PATH", type=click.Path(file_okay=False))
 @click.option("-v", "--verbose", is_flag=True)
@@ -240,12 +261,17 @@ def command(ctx: click.Context, **kw: Any) -> None:
         remote_api_keys=_remote_keys(kw["remote_api_key"], kw["remote_api_key_file"]),
         keep_alive=_duration(kw["keep_alive"], "--keep-alive"),
         keep_alive_max=_duration(kw["keep_alive_max"], "--keep-alive-max"),
+        ray=kw["ray"],
+        ray_nodes=max(kw["ray_nodes"], 1),
+        ray_namespace=kw["ray_namespace"],
+        ray_keep_replicas=kw["ray_keep_replicas"],
     )
     from .app import create_app
+    from .cluster import ClusterError
 
     try:
         app = create_app(cfg)
-    except (CatalogueError, ValueError) as e:
+    except (CatalogueError, ClusterError, ValueError) as e:
         raise click.UsageError(str(e)) from None
     import uvicorn
 

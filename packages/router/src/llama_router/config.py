@@ -36,3 +36,8 @@ class RouterConfig:
     keep_alive_max: float = -1.0  # --keep-alive-max: the bound of every keep-alive (< 0: none)
     # the key(s) sent to the replicas of remote entries that name none (`--remote-api-key[-file]`)
     remote_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # replicas on a Ray cluster (llama_router.cluster): "" (off), "auto", an address, or "local"
+    ray: str = ""
+    ray_nodes: int = 2  # nodes of `--ray local`
+    ray_namespace: str = "llama-router"
+    ray_keep_replicas: bool = False  # leave the replicas running at exit (a restarted router adopts them)

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalogue import Entry, build_catalogue
+from .catalogue import CatalogueError, Entry, build_catalogue
 from .child import ChildProcess
 from .config import RouterConfig
 from .keep_alive import effective_keep_alive
@@ -60,6 +60,7 @@ class Instance:
     loaded_at: float = 0.0
     replicas: list[Replica] = field(default_factory=list)
     unload_at: float | None = None  # time.time() after which an idle model is unloaded (keep-alive)
+    pool: Any = None  # its replicas on a Ray cluster (llama_router.cluster.Pool), for an entry with some
 
     @property
     def name(self) -> str:
@@ -98,15 +99,23 @@ class ModelManager:
         self.fake_timing = bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING"))
         self.reloading = False
         self._bg: set[asyncio.Task[Any]] = set()
+        self.cluster: Any = None  # llama_router.cluster.Cluster under --ray
         self.set_catalogue(self._build_catalogue(startup=True))
 
     # -- catalogue -----------------------------------------------------------------------------------
 
     def _build_catalogue(self, startup: bool) -> dict[str, Entry]:
         c = self.config
-        return build_catalogue(
+        entries = build_catalogue(
             c.models_dir, c.models_preset, c.cli_options, startup=startup, remote_keys=c.remote_api_keys
         )
+        replicated = [e.name for e in entries.values() if e.cluster]
+        if replicated and not c.ray:
+            raise CatalogueError(
+                f"preset '{replicated[0]}' asks for replicas on a Ray cluster: start the router with "
+                "--ray auto|ADDRESS|local"
+            )
+        return entries
 
     def set_catalogue(self, entries: dict[str, Entry]) -> None:
         for name, entry in entries.items():
@@ -116,6 +125,8 @@ class ModelManager:
                 if entry.remote:
                     inst.replicas = replicas_of(entry.remote, entry.remote_keys)
                     inst.status = "loaded"
+            elif entry.cluster or inst.entry.cluster:  # its pool follows the entry (Cluster.sync)
+                inst.entry = entry
             elif entry.remote and inst.entry.remote and inst.child is None:  # new URLs or keys take effect
                 if entry.identity() != inst.entry.identity():
                     inst.replicas = replicas_of(entry.remote, entry.remote_keys)
@@ -160,6 +171,8 @@ class ModelManager:
                 if name not in entries and inst.status != "downloading" and not inst.running:
                     del self.instances[name]
             self.set_catalogue(entries)
+            if self.cluster is not None:
+                self.cluster.sync()
         finally:
             self.reloading = False
         self.broadcast("*", "models_reload")
@@ -291,7 +304,9 @@ class ModelManager:
     # -- the queue (§6) -------------------------------------------------------------------------------
 
     def _running_count(self) -> int:
-        return sum(1 for i in self.instances.values() if i.running and not i.entry.remote)
+        return sum(
+            1 for i in self.instances.values() if i.running and not (i.entry.remote or i.entry.cluster)
+        )
 
     def _capacity(self) -> int | None:
         m = self.config.models_max
@@ -318,7 +333,8 @@ class ModelManager:
             i
             for i in self.instances.values()
             if i.status in ("loaded", "sleeping")
-            and not (i.stopping or i.entry.remote or i.entry.pinned or i.in_flight or i.name in keep)
+            and not (i.stopping or i.entry.remote or i.entry.cluster or i.entry.pinned or i.in_flight)
+            and i.name not in keep
         ]
         return min(idle, key=lambda i: i.last_used) if idle else None
 
@@ -403,6 +419,7 @@ class ModelManager:
                 and inst.unload_at <= now
                 and inst.status in ("loaded", "sleeping")
                 and not (inst.stopping or inst.in_flight or inst.entry.pinned or inst.entry.remote)
+                and inst.pool is None
             ):
                 log.info("%s: unloading, idle past its keep-alive", inst.name)
                 inst.unload_at = None
@@ -419,6 +436,9 @@ class ModelManager:
 
     async def load(self, inst: Instance) -> None:
         """POST /models/load: evict one LRU idle model when full, wait for it, spawn, return."""
+        if inst.pool is not None:
+            inst.pool.load()
+            return
         if inst.running and not inst.stopping:
             raise LoadError(400, "model is already running")
         cap = self._capacity()
@@ -430,13 +450,16 @@ class ModelManager:
         self._start_child(inst)
 
     async def unload(self, inst: Instance) -> None:
+        if inst.pool is not None:
+            inst.pool.unload()
+            return
         if not inst.running:
             raise LoadError(400, "model is not running")
         self._spawn(self.stop(inst))
 
     async def start_up(self) -> None:
         """Load the `load-on-startup` models."""
-        first = [i for i in self.instances.values() if i.entry.load_on_startup]
+        first = [i for i in self.instances.values() if i.entry.load_on_startup and not i.entry.cluster]
         cap = self._capacity()
         if cap is not None and len(first) > cap:
             raise ValueError(f"{len(first)} models have load-on-startup, more than --models-max {cap}")
@@ -446,6 +469,8 @@ class ModelManager:
     async def shutdown(self) -> None:
         for q in list(self.subscribers):
             q.put_nowait(None)
+        if self.cluster is not None:
+            await self.cluster.close()
         await asyncio.gather(
             *(self.stop(i) for i in self.instances.values() if i.child), return_exceptions=True
         )

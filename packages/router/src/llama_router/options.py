@@ -225,6 +225,15 @@ PRESET_ONLY = frozenset(
         "remote",
         "remote-api-key",
         "remote-api-key-file",
+        # replicas on a Ray cluster (llama_router.cluster)
+        "replicas",
+        "min-replicas",
+        "max-replicas",
+        "num-cpus",
+        "memory",
+        "num-gpus",
+        "target-ongoing-requests",
+        "upscale-delay",
     }
 )
 

@@ -14,9 +14,10 @@ from urllib.parse import parse_qs
 import httpx
 from llama_tools.auth import key_scope
 
+from .cluster import conversation_key
 from .keep_alive import KeepAliveError, parse_keep_alive
 from .models import Instance, LoadError, ModelManager
-from .replicas import pick_replica
+from .replicas import Replica, pick_replica
 from .streams import child_id
 from .upstream import Upstream, UpstreamError, UpstreamUnreachable
 
@@ -185,6 +186,9 @@ class Proxy:
             if inst.entry.remote:
                 await self._forward(inst, scope, body, send, disconnected, method == "POST")
                 return
+            if inst.pool is not None:
+                await self._forward_pool(inst, scope, body, send, disconnected, conversation_key(conv, body))
+                return
             try:
                 await self._acquire(inst, query, method == "POST", disconnected, bool(conv))
             except LoadError as e:
@@ -240,37 +244,115 @@ class Proxy:
             await self._relay(inst.base_url, inst.key, scope, body, send, disconnected)
             return
         while (replica := pick_replica(inst)) is not None:
-            replica.outstanding += 1
-            try:
-                await self._relay(replica.url, replica.key, scope, body, send, disconnected, retry=True)
+            if await self._try_replica(inst, replica, scope, body, send, disconnected):
                 return
-            except _Unreachable:  # nothing was sent: out until a health check finds it again, try another
-                log.warning("replica %s of %s is unreachable: taken out", replica.url, inst.name)
-                replica.healthy = False
-            finally:
-                replica.outstanding -= 1
         await send_error(send, 503, f"model name={inst.name} has no healthy replica", "unavailable_error")
 
-    async def _relay(
-        self, base: str, key: str, scope: Any, body: bytes, send: Any, disconnected: Any, retry: bool = False
+    async def _try_replica(
+        self, inst: Instance, replica: Replica, scope: Any, body: bytes, send: Any, disconnected: Any
+    ) -> bool:
+        """Relay to `replica`; False when nothing of a response came from it (then taken out: the caller
+        tries another)."""
+        replica.outstanding += 1
+        try:
+            await self._relay(replica.url, replica.key, scope, body, send, disconnected, replica=replica)
+            return True
+        except _Unreachable as e:  # out until a health check finds it again
+            log.warning("replica %s of %s failed before answering (%s): taken out", replica.url, inst.name, e)
+            replica.healthy = False
+            return False
+        finally:
+            replica.outstanding -= 1
+
+    async def _forward_pool(
+        self, inst: Instance, scope: Any, body: bytes, send: Any, disconnected: Any, key: str
     ) -> None:
+        """A model replicated on a Ray cluster: the least busy loaded replica (the conversation's last one
+        on a tie); with none loaded, wait (a request waiting scales up from zero) until one is, or the
+        load fails, or `--timeout` passes."""
+        pool = inst.pool
+        m = self.manager
+        deadline = asyncio.get_running_loop().time() + m.config.timeout
+        seq = pool.fail_seq
+        while True:
+            replica = pool.pick(key)
+            if replica is not None:
+                pool.remember(key, replica)  # now: a resumed stream of this conversation is looked up there
+                if await self._try_replica(inst, replica, scope, body, send, disconnected):
+                    return
+                continue
+            if pool.fail_seq != seq and not pool.healthy():
+                await send_error(send, 500, pool.failed_message or f"model name={inst.name} failed to load",
+                                 "server_error")  # fmt: skip
+                return
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                await send_error(
+                    send, 503, f"model name={inst.name} has no replica serving", "unavailable_error"
+                )
+                return
+            if m.queued_waiters() + pool.waiting >= m.config.max_waiting:
+                await send_error(send, 503, "too many requests waiting for a model, retry later",
+                                 "unavailable_error", [(b"retry-after", b"1")])  # fmt: skip
+                return
+            pool.waiting += 1
+            wait = asyncio.ensure_future(pool.news.wait())
+            try:
+                await asyncio.wait(
+                    {wait, disconnected}, timeout=min(left, 1.0), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                wait.cancel()
+                pool.waiting -= 1
+            if disconnected.done():
+                return
+
+    async def _relay(
+        self, base: str, key: str, scope: Any, body: bytes, send: Any, disconnected: Any,
+        replica: Replica | None = None,
+    ) -> None:  # fmt: skip
+        """Relay the request to `base`. With a `replica`: raises _Unreachable when no response came (the
+        caller may try another), and the relay ends when the replica is found gone (`replica.lost`): a
+        stream with an error event, never a hang."""
         qs = scope.get("query_string", b"").decode("latin-1")
         url = base + scope["path"] + ("?" + qs if qs else "")
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _DROP_REQUEST]
         if key:
             headers.append((b"authorization", b"Bearer " + key.encode()))
-        task = asyncio.ensure_future(self._stream(scope["method"], url, headers, body, send, retry))
-        await asyncio.wait({task, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():  # client gone: closing our side of the child connection cancels the work there
+        state: dict[str, bool] = {}
+        task = asyncio.ensure_future(
+            self._stream(scope["method"], url, headers, body, send, replica is not None, state)
+        )
+        waits = {task, disconnected}
+        lost = asyncio.ensure_future(replica.lost.wait()) if replica is not None else None
+        if lost is not None:
+            waits.add(lost)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if lost is not None:
+                lost.cancel()
+        if (
+            not task.done()
+        ):  # client or replica gone: closing our side of the connection cancels the work there
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+            if disconnected.done():
+                return
+            if not state.get("started"):
+                raise _Unreachable("the replica was lost")
+            if state.get("sse"):
+                await send({"type": "http.response.body", "body": _lost_event(), "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
             return
         task.result()
 
     async def _stream(
-        self, method: str, url: str, headers: list[Any], body: bytes, send: Any, retry: bool = False
-    ) -> None:
+        self, method: str, url: str, headers: list[Any], body: bytes, send: Any, retry: bool = False,
+        state: dict[str, bool] | None = None,
+    ) -> None:  # fmt: skip
+        state = {} if state is None else state
         try:
             resp = await self.upstream.request(method, url, headers, body)
         except UpstreamUnreachable as e:
@@ -279,6 +361,8 @@ class Proxy:
             await send_error(send, 500, f"proxy error: {e}", "server_error")
             return
         except UpstreamError as e:
+            if retry:  # it broke before any response: the request goes elsewhere
+                raise _Unreachable(str(e)) from None
             await send(
                 {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]}
             )
@@ -287,21 +371,17 @@ class Proxy:
         try:
             out = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
             out = [(k, v) for k, v in out if not k.lower().startswith(b"access-control-")]
-            await send({"type": "http.response.start", "status": resp.status, "headers": out})
             sse = resp.header(b"content-type").startswith(b"text/event-stream")
+            state["sse"] = sse
+            await send({"type": "http.response.start", "status": resp.status, "headers": out})
+            state["started"] = True
             try:
                 async for chunk in resp.chunks():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except UpstreamError as e:
                 log.warning("the child's response broke off: %s", e)
                 if sse:
-                    err = {
-                        "error": {"code": 500, "message": "the model's process ended", "type": "server_error"}
-                    }
-                    await send(
-                        {"type": "http.response.body", "body": b"data: " + json.dumps(err).encode() + b"\n\n",
-                         "more_body": True}
-                    )  # fmt: skip
+                    await send({"type": "http.response.body", "body": _lost_event(), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:
             await resp.aclose()
@@ -318,6 +398,11 @@ def _with_conversation(raw: list[Any], conv: str) -> list[Any]:
     out = [(k, v) for k, v in raw if k.lower() != b"x-conversation-id"]
     out.append((b"x-conversation-id", conv.encode()))
     return out
+
+
+def _lost_event() -> bytes:
+    err = {"error": {"code": 500, "message": "the model's process ended", "type": "server_error"}}
+    return b"data: " + json.dumps(err).encode() + b"\n\n"
 
 
 class _Unreachable(Exception):

@@ -27,6 +27,7 @@ class Replica:
     outstanding: int = 0
     healthy: bool = True
     served: int = 0
+    lost: asyncio.Event = field(default_factory=asyncio.Event)  # set when its process is known gone
 
 
 def replicas_of(remote: tuple[str, ...], keys: tuple[str, ...]) -> list[Replica]:

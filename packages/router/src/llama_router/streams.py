@@ -79,6 +79,17 @@ def _child_headers(inst: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {inst.key}"} if inst.key else {}
 
 
+def _endpoint(inst: Any, cid: str) -> tuple[str, dict[str, str]] | None:
+    """Where the conversation's stream lives: the model's child, or (a model replicated on a Ray
+    cluster) the replica its last request went to; None when that replica is gone."""
+    if inst.pool is None:
+        return inst.base_url, _child_headers(inst)
+    replica = inst.pool.replica_of("c:" + cid)
+    if replica is None:
+        return None
+    return replica.url, ({"Authorization": f"Bearer {replica.key}"} if replica.key else {})
+
+
 @get("/v1/stream")
 async def get_stream(request: Request) -> Response | Stream:
     conv = request.query_params.get("conv_id") or ""
@@ -88,13 +99,14 @@ async def get_stream(request: Request) -> Response | Stream:
     inst = _owner(request, cid)
     if inst is not None and inst.status in _LOADING:
         return _error(503, "Stream owner model is loading, retry later", "unavailable_error")
-    if inst is None or inst.status != "loaded":
+    where = _endpoint(inst, cid) if inst is not None and inst.status == "loaded" else None
+    if where is None:
         return _error(404, "Stream not found or expired", "not_found_error")
     params = {"conv_id": cid}
     if "from" in request.query_params:
         params["from"] = request.query_params["from"]
-    url = inst.base_url + "/v1/stream?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
-    headers = [(k.lower().encode(), v.encode()) for k, v in _child_headers(inst).items()]
+    url = where[0] + "/v1/stream?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+    headers = [(k.lower().encode(), v.encode()) for k, v in where[1].items()]
     upstream: Upstream = request.app.state.upstream  # the proxied routes' relay client
     try:
         resp = await upstream.request("GET", url, headers)
@@ -125,25 +137,26 @@ async def lookup_streams(request: Request) -> Response:
     except ValueError:
         return Response([], media_type=JSON)
     ids = data.get("conversation_ids") if isinstance(data, dict) else None
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, list[str]] = {}  # where the streams live -> their ids
+    places: dict[str, dict[str, str]] = {}  # -> the headers it takes
     asked: dict[str, str] = {}  # child id -> the id the client named
     for conv in ids if isinstance(ids, list) else []:
         if isinstance(conv, str) and conv:
             cid = _request_id(request, conv)
             inst = _owner(request, cid)
-            if inst is not None and inst.status == "loaded":
-                groups.setdefault(inst.name, []).append(cid)
+            where = _endpoint(inst, cid) if inst is not None and inst.status == "loaded" else None
+            if where is not None:
+                groups.setdefault(where[0], []).append(cid)
+                places[where[0]] = where[1]
                 asked[cid] = conv
     client: httpx.AsyncClient = request.app.state.client
-    manager = request.app.state.manager
 
-    async def ask(name: str, convs: list[str]) -> list[Any]:
-        inst = manager.resolve(name)
+    async def ask(base: str, convs: list[str]) -> list[Any]:
         try:
             r = await client.post(
-                inst.base_url + "/v1/streams/lookup",
+                base + "/v1/streams/lookup",
                 json={"conversation_ids": convs},
-                headers=_child_headers(inst),
+                headers=places[base],
                 timeout=BUDGET,
             )
             out = r.json()
@@ -167,13 +180,14 @@ async def delete_stream(request: Request) -> Response:
     cid = _request_id(request, conv)
     inst = _owner(request, cid)
     request.app.state.conversations.forget(cid)  # also cancels a request still waiting for its model
-    if inst is not None and inst.child is not None:
+    where = _endpoint(inst, cid) if inst is not None and (inst.child is not None or inst.pool) else None
+    if where is not None:
         client: httpx.AsyncClient = request.app.state.client
         with contextlib.suppress(httpx.HTTPError):
             await client.delete(
-                inst.base_url + "/v1/stream",
+                where[0] + "/v1/stream",
                 params={"conv_id": cid},
-                headers=_child_headers(inst),
+                headers=where[1],
                 timeout=BUDGET,
             )
     return Response(None, status_code=204, media_type=JSON)
