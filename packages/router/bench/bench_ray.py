@@ -1,5 +1,5 @@
 """llama-router on a Ray cluster of two nodes on this machine: aggregate tokens/s of 8 streams over 2 replicas
-(one per node) against 1 replica, the router's added latency per request against the replica reached
+(one per node, half the cores each) against 1 replica (every core), the router's added latency per request against the replica reached
 directly, and the time from a node's death to a replacement replica serving.
 
 On one 2-core machine two replicas share the same cores, so the first figure shows the overhead of the
@@ -112,14 +112,16 @@ def main() -> None:
     args = ap.parse_args()
     model = smollm2()
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    cores = os.cpu_count() or 2  # 1 replica: every core; 2 replicas: half each (threads and Ray's CPUs)
     (tmp / "p.ini").write_text(
-        f"[*]\nmodel = {model}\nctx-size = 2048\nparallel = 4\nno-warmup = true\nthreads = 2\n\n"
-        "[one]\nreplicas = 1\nnum-cpus = 1\n\n[two]\nreplicas = 2\nnum-cpus = 1\n"
+        f"[*]\nmodel = {model}\nctx-size = 2048\nparallel = 4\nno-warmup = true\n\n"
+        f"[one]\nreplicas = 1\nnum-cpus = {cores}\nthreads = {cores}\n\n"
+        f"[two]\nreplicas = 2\nnum-cpus = {max(cores // 2, 1)}\nthreads = {max(cores // 2, 1)}\n"
     )
     print(
         f"# llama-router on Ray: 2 local nodes, SmolLM2 Q4_1; host {cpu_features()}, {os.cpu_count()} cores"
     )
-    local = LocalCluster(2, cpus=2)
+    local = LocalCluster(2, cpus=2 * cores)  # room on one node for all three after the other dies
     t0 = time.time()
     address = local.start()
     router, base = _start_router(tmp / "p.ini", address)

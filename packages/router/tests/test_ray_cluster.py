@@ -236,7 +236,9 @@ def _chat(r: Router, model: str, **kw: Any) -> httpx.Response:
 
 def test_replicas_spread_over_both_nodes_and_balance(router: Router) -> None:
     st = _wait(router, "smol", lambda s: _serving(s, 2), what="two replicas serving")
-    assert len({m["node_id"] for m in st["replicas"]}) == 2, st  # SPREAD: one per node
+    assert len({m["node_id"] for m in st["replicas"]}) == 2, (
+        st
+    )  # one per node: the node with the fewest of its replicas
     assert router.status("smol") == "loaded"
     results: list[int] = []
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -256,6 +256,13 @@ class LocalCluster:
             )
             if i == 0:
                 self._wait_port(port, timeout)
+        deadline = time.monotonic() + timeout
+        for i, proc in enumerate(self.procs):  # every node has joined
+            path = os.path.join(self.temp, f"node-{i}.log")
+            while "Ray runtime started" not in open(path, errors="replace").read():  # noqa: SIM115
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise ClusterError(f"local Ray node {i + 1} did not start")
+                time.sleep(0.2)
         return self.address
 
     def _wait_port(self, port: int, timeout: float) -> None:
@@ -370,6 +377,26 @@ class Cluster:
         for name in [n for n in self.pools if n not in self.manager.instances]:
             self.manager._spawn(self.pools.pop(name).close(kill=True))
 
+    def pick_node(self, pool: Pool) -> str:
+        """The live node for a new replica of `pool`: the one with the fewest replicas of that model, then
+        of every model, among those big enough for it ("" when none is: Ray's SPREAD decides)."""
+        import ray
+
+        spec = pool.spec
+        try:
+            nodes = [
+                n for n in ray.nodes()
+                if n["Alive"] and n["Resources"].get("CPU", 0) >= spec.num_cpus
+                and n["Resources"].get("GPU", 0) >= spec.num_gpus and n["Resources"].get("memory", 0) >= spec.memory
+            ]  # fmt: skip
+        except Exception as e:
+            log.warning("ray: cannot list the nodes (%s): Ray places the replica", e)
+            return ""
+        mine = Counter(m.node for m in pool.members.values())
+        every = Counter(m.node for p in self.pools.values() for m in p.members.values())
+        best = min(nodes, key=lambda n: (mine[n["NodeID"]], every[n["NodeID"]]), default=None)
+        return str(best["NodeID"]) if best else ""
+
     async def _loop(self) -> None:
         first = True
         while True:
@@ -413,6 +440,11 @@ class Member:
     asked_at: float = 0.0
     restarts: int = 0
     served_once: bool = False  # its child reached `loaded` at least once
+    placed_on: str = ""  # the node it was asked to go to (its own report wins once it comes)
+
+    @property
+    def node(self) -> str:
+        return str(self.info.get("node_id") or self.placed_on)
 
 
 class Pool:
@@ -562,8 +594,13 @@ class Pool:
         if spec.memory:
             resources["memory"] = spec.memory
         actor_class = self.cluster.actor_class
+        node = await asyncio.to_thread(self.cluster.pick_node, self)
 
         def make() -> Any:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            # soft: where the node lacks room, or once it died (a restart), anywhere else
+            strategy = NodeAffinitySchedulingStrategy(node, soft=True) if node else "SPREAD"
             return actor_class.options(
                 name=self.actor_name(index),
                 namespace=self.cluster.namespace,
@@ -571,14 +608,14 @@ class Pool:
                 get_if_exists=True,
                 max_restarts=-1,
                 max_task_retries=0,
-                scheduling_strategy="SPREAD",
+                scheduling_strategy=strategy,
                 **resources,
             ).remote(entry.name, list(self.manager.config.server_command), opts.render(entry.options), env)
 
         actor = await asyncio.to_thread(make)
-        self.members[index] = Member(index, actor)
-        log.info("ray: %s: replica %s placed (num-cpus %g, memory %d, num-gpus %g)", entry.name,
-                 self.actor_name(index), spec.num_cpus, spec.memory, spec.num_gpus)  # fmt: skip
+        self.members[index] = Member(index, actor, placed_on=node)
+        log.info("ray: %s: replica %s placed on node %s (num-cpus %g, memory %d, num-gpus %g)", entry.name,
+                 self.actor_name(index), node[:12] or "(any)", spec.num_cpus, spec.memory, spec.num_gpus)  # fmt: skip
         self._tell()
 
     async def _look(self, m: Member) -> None:
