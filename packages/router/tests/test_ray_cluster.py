@@ -31,6 +31,7 @@ ROUTER = str(Path(sys.executable).parent / "llama-router")
 RAY = str(Path(sys.executable).parent / "ray")
 CHAT = {"messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 8}
 ENV = {"LLAMA_SERVER_BIN": SERVER}
+KEY = "router-key-1"
 
 
 # -- settings and decisions (no cluster) -----------------------------------------------------------------
@@ -194,9 +195,14 @@ sleep-idle-seconds = 4
 
 def _router(cluster: dict[str, Any], tmp: Path, *extra: str) -> Router:
     (tmp / "preset.ini").write_text(PRESET)
+    (tmp / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 60)  # a model file no server can load
+    preset = PRESET + f"\n[broken]\nmodel = {tmp / 'broken.gguf'}\nmin-replicas = 0\nmax-replicas = 1\n"
+    (tmp / "preset.ini").write_text(preset)
     args = ["--models-preset", str(tmp / "preset.ini"), "--ray", cluster["address"], "--ray-namespace", "t",
-            "--replica-check-interval", "0.5", *extra]  # fmt: skip
-    return Router(args, ENV, program=ROUTER)
+            "--api-key", KEY, *extra]  # fmt: skip
+    r = Router(args, ENV, key=KEY, program=ROUTER)
+    r.http.headers.update(r.auth)  # every request of these tests carries the router's key
+    return r
 
 
 def _cluster_status(r: Router, model: str) -> dict[str, Any]:
@@ -261,6 +267,35 @@ def test_replicas_spread_over_both_nodes_and_balance(router: Router) -> None:
         time.sleep(0.2)  # the next turn comes after the router has counted this one as finished
     after = {m["name"]: m["served"] for m in _cluster_status(router, "smol")["replicas"]}
     assert sorted(after[n] - before[n] for n in after) == [0, 4], (before, after)
+
+
+def test_the_routers_key_guards_every_replica(router: Router) -> None:
+    body = {**CHAT, "model": "smol"}
+    assert httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert (
+        httpx.post(router.url + "/v1/chat/completions", json=body, headers=wrong, timeout=30).status_code
+        == 401
+    )
+    assert httpx.get(router.url + "/health", timeout=30).status_code == 200
+    st = _cluster_status(router, "smol")
+    for m in st["replicas"]:  # a replica reached directly refuses a request without its own private key
+        assert httpx.post(m["url"] + "/v1/chat/completions", json=body, timeout=30).status_code == 401
+        assert httpx.post(m["url"] + "/v1/chat/completions", json=body, headers=router.auth,
+                          timeout=30).status_code == 401  # fmt: skip
+    assert '"key"' not in router.http.get("/models").text
+
+
+def test_a_model_that_does_not_load_fails_its_requests(router: Router) -> None:
+    t0 = time.time()
+    r = _chat(router, "broken")
+    assert r.status_code == 500 and "model name=broken failed to load" in r.text, r.text
+    assert time.time() - t0 < 60
+    assert any("replica broken/0: its llama-server exited" in line for line in router.log)
+    # no retry loop: back to none until the next request (which tries again, and fails again)
+    _wait(router, "broken", lambda s: s["desired"] == 0 and not s["replicas"], timeout=30, what="none")
+    assert router.status("broken") == "unloaded"
+    assert _chat(router, "broken").status_code == 500
 
 
 def test_resumable_stream_on_a_replica(router: Router) -> None:

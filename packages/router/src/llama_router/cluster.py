@@ -62,6 +62,7 @@ CLUSTER_KEYS = frozenset(
 )  # fmt: skip
 POLL = 0.5  # seconds between two looks at the members
 INFO_TIMEOUT = 3.0  # an actor that does not answer within this is out of the balance
+PENDING_WARN = 30.0  # a replica not placed after this long is logged (the cluster has no room for it)
 AFFINITY = 4096  # conversations remembered per model
 # nodes of `--ray local` notice a dead node within ~1.5 s (Ray's defaults take ~15-30 s)
 FAST_HEALTH = {
@@ -441,6 +442,8 @@ class Member:
     restarts: int = 0
     served_once: bool = False  # its child reached `loaded` at least once
     placed_on: str = ""  # the node it was asked to go to (its own report wins once it comes)
+    created: float = field(default_factory=time.monotonic)
+    warned: bool = False  # said that it waits for room
 
     @property
     def node(self) -> str:
@@ -629,14 +632,23 @@ class Pool:
         if not done:
             if time.monotonic() - m.asked_at > INFO_TIMEOUT and m.state in ("loaded", "loading"):
                 self._lose(m, "its actor does not answer (its node may be down)")
+            elif m.state == "pending" and not m.warned and time.monotonic() - m.created > PENDING_WARN:
+                m.warned = True
+                s = self.spec
+                log.warning("ray: %s: replica %s not placed after %.0f s: no live node has num-cpus %g, "
+                            "memory %d, num-gpus %g free (it starts when one has)", self.inst.name,
+                            self.actor_name(m.index), PENDING_WARN, s.num_cpus, s.memory, s.num_gpus)  # fmt: skip
             return
         ask, m.asking = m.asking, None
         try:
             info = ask.result()
         except Exception as e:  # its worker or node died: Ray restarts it (elsewhere), unless it was killed
             self._lose(m, f"its actor failed ({type(e).__name__})")
-            if not await self._named(m.index):  # gone for good: a new one takes its place
-                self.members.pop(m.index, None)
+            if not await self._named(m.index):  # gone for good (or never started): a new one takes its place
+                if m.served_once:
+                    self.members.pop(m.index, None)
+                else:  # its constructor failed (no llama-server on the node, ...): not at once again
+                    self._failed(m, f"its actor failed: {str(e).strip()[-500:]}", [])
             return
         prev = m.info
         m.info = info
@@ -646,7 +658,7 @@ class Pool:
                         self.actor_name(m.index), info["node_ip"], info["node_id"][:12])  # fmt: skip
         if info["state"] == "exited":
             self._lose(m, f"its llama-server exited with status {info['exit_code']}")
-            self._failed(m, info)
+            self._failed(m, f"its llama-server exited ({info.get('exit_code')})", info.get("log", []))
             return
         url = info["url"]
         if m.replica is None or m.replica.url != url:
@@ -699,20 +711,24 @@ class Pool:
             m.replica = None
         self._tell()
 
-    def _failed(self, m: Member, info: dict[str, Any]) -> None:
-        """Its child exited: replace the actor, waiting longer each time in a row that it fails."""
+    def _failed(self, m: Member, why: str, lines: list[str]) -> None:
+        """Its child exited or its actor could not start: replace the actor, waiting longer each time in a
+        row that one fails before serving (0.5 s doubling to 30 s)."""
         m.state = "exited"
         self.failures = 0 if m.served_once else self.failures + 1
         self.fail_seq += 1
         self.next_create = time.monotonic() + (
             0 if self.failures <= 1 else min(0.5 * 2 ** (self.failures - 2), 30)
         )
-        tail = "\n".join(info.get("log", [])[-10:])
+        tail = "".join("\n  " + line for line in lines[-10:])
         self.failed_message = f"model name={self.inst.name} failed to load"
-        log.warning("ray: %s: replica %s: llama-server exited (%s); its last lines:\n%s", self.inst.name,
-                    self.actor_name(m.index), info.get("exit_code"), tail)  # fmt: skip
+        log.warning("ray: %s: replica %s: %s%s", self.inst.name, self.actor_name(m.index), why,
+                    f"; its last lines:{tail}" if tail else "")  # fmt: skip
         self.members.pop(m.index, None)
         self.manager._spawn(self._kill(m.actor))
+        if not m.served_once and not self.healthy():  # as a child that fails to load: none until asked again
+            self.held = True
+            self.want(0, "its replica failed before serving; the next request tries again")
         self._tell()
 
     async def _remove(self, m: Member, why: str) -> None:
