@@ -4,6 +4,7 @@ import {
 	downloadTotals,
 	missingModalities,
 	neededModalities,
+	replicaSummary,
 	stateOf,
 	type RouterModel
 } from '../src/lib/services/models';
@@ -35,6 +36,25 @@ function router(list: RouterModel[]) {
 	});
 	return calls;
 }
+
+describe('replicas on a Ray cluster', () => {
+	it('says how many serve, where, what is in flight and what is being replaced', () => {
+		expect(replicaSummary(model('plain', 'loaded'))).toBe('');
+		const replicas = [
+			{ name: 'm/0', state: 'loaded', node_id: 'a', in_flight: 2 },
+			{ name: 'm/1', state: 'loaded', node_id: 'b', in_flight: 1 },
+			{ name: 'm/2', state: 'lost', node_id: 'b' }
+		];
+		const cluster = { replicas, desired: 3, min_replicas: 1, max_replicas: 4, waiting: 1 };
+		expect(replicaSummary(model('m', 'loaded', { status: { value: 'loaded', cluster } }))).toBe(
+			'2 of 3 replicas serving on 2 nodes (min 1, max 4) · 3 in flight, 1 waiting · m/2 lost'
+		);
+		const none = { replicas: [], desired: 0, min_replicas: 0, max_replicas: 2 };
+		expect(replicaSummary(model('z', 'unloaded', { status: { value: 'unloaded', cluster: none } }))).toBe(
+			'0 of 0 replicas serving (min 0, max 2)'
+		);
+	});
+});
 
 describe('router models', () => {
 	it('folds status, progress, download and removal events into the list', async () => {

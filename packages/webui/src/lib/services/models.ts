@@ -15,10 +15,53 @@ export interface RouterModel {
 	id: string;
 	aliases?: string[];
 	tags?: string[];
-	status: { value: string; failed?: boolean; exit_code?: number; args?: string[] };
+	status: {
+		value: string;
+		failed?: boolean;
+		exit_code?: number;
+		args?: string[];
+		cluster?: ClusterStatus;
+	};
 	architecture?: { input_modalities?: string[]; output_modalities?: string[] };
 	source?: string;
 	can_remove?: boolean;
+}
+
+/** `status.cluster` of a model whose replicas run on a Ray cluster (`llama-router --ray`). */
+export interface ClusterStatus {
+	replicas: {
+		name: string;
+		state: string;
+		node_id?: string;
+		node_ip?: string;
+		in_flight?: number;
+		served?: number;
+		restarts?: number;
+	}[];
+	desired: number;
+	min_replicas: number;
+	max_replicas: number;
+	waiting?: number;
+}
+
+/** One line about a replicated model's replicas ("" for a model without): how many serve, on how many
+ * nodes, the requests in flight and waiting, and the replicas being replaced or placed. */
+export function replicaSummary(m: RouterModel): string {
+	const c = m.status.cluster;
+	if (!c) return '';
+	const serving = c.replicas.filter((r) => r.state === 'loaded');
+	const nodes = new Set(serving.map((r) => r.node_id ?? r.node_ip ?? r.name)).size;
+	const range = `min ${c.min_replicas}, max ${c.max_replicas}`;
+	const parts = [
+		`${serving.length} of ${c.desired} replica${c.desired === 1 ? '' : 's'} serving` +
+			(serving.length ? ` on ${nodes} node${nodes === 1 ? '' : 's'}` : '') +
+			` (${range})`
+	];
+	const inFlight = c.replicas.reduce((n, r) => n + (r.in_flight ?? 0), 0);
+	if (inFlight || c.waiting) parts.push(`${inFlight} in flight, ${c.waiting ?? 0} waiting`);
+	const other = c.replicas.filter((r) => r.state !== 'loaded');
+	if (other.length) parts.push(other.map((r) => `${r.name} ${r.state}`).join(', '));
+	return parts.join(' · ');
 }
 
 /** One event of `GET /models/sse`. */
