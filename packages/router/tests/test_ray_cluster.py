@@ -24,7 +24,15 @@ import pytest
 from conftest import SERVER, SMOL, Router
 
 from llama_router.catalogue import CatalogueError, build_catalogue
-from llama_router.cluster import FAST_HEALTH, ClusterSpec, ScaleState, conversation_key, decide, parse_size
+from llama_router.cluster import (
+    FAST_HEALTH,
+    ClusterSpec,
+    ScaleState,
+    _session_members,
+    conversation_key,
+    decide,
+    parse_size,
+)
 from llama_router.ray_replica import free_port
 
 ROUTER = str(Path(sys.executable).parent / "llama-router")
@@ -137,15 +145,7 @@ class Node:
         raise AssertionError("ray node did not start:\n" + self.log.read_text(errors="replace")[-3000:])
 
     def pids(self) -> list[int]:
-        out = []
-        for e in os.listdir("/proc"):
-            if e.isdigit():
-                try:
-                    if os.getsid(int(e)) == self.proc.pid:
-                        out.append(int(e))
-                except OSError:
-                    pass
-        return out
+        return _session_members({self.proc.pid})
 
     def kill(self) -> None:
         """The node dies at once: every process of its session SIGKILLed."""

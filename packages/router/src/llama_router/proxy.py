@@ -332,9 +332,8 @@ class Proxy:
         finally:
             if lost is not None:
                 lost.cancel()
-        if (
-            not task.done()
-        ):  # client or replica gone: closing our side of the connection cancels the work there
+        # client or replica gone: closing our side of the connection cancels the work there
+        if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

@@ -75,19 +75,20 @@ def _owner(request: Request, conv: str) -> Any:
     return request.app.state.manager.resolve(name) if name else None
 
 
-def _child_headers(inst: Any) -> dict[str, str]:
-    return {"Authorization": f"Bearer {inst.key}"} if inst.key else {}
+def _bearer(key: str) -> dict[str, str]:
+    """The header carrying a child's or replica's own key (none without one)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _endpoint(inst: Any, cid: str) -> tuple[str, dict[str, str]] | None:
     """Where the conversation's stream lives: the model's child, or (a model replicated on a Ray
     cluster) the replica its last request went to; None when that replica is gone."""
     if inst.pool is None:
-        return inst.base_url, _child_headers(inst)
+        return inst.base_url, _bearer(inst.key)
     replica = inst.pool.replica_of("c:" + cid)
     if replica is None:
         return None
-    return replica.url, ({"Authorization": f"Bearer {replica.key}"} if replica.key else {})
+    return replica.url, _bearer(replica.key)
 
 
 @get("/v1/stream")
