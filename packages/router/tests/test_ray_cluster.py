@@ -82,6 +82,21 @@ def test_replicas_without_ray_is_a_clear_error(tmp_path: Path) -> None:
     assert "asks for replicas on a Ray cluster: start the router with --ray" in r.stderr
 
 
+def test_a_bad_ray_address_is_a_clear_error(tmp_path: Path) -> None:
+    preset = _preset(tmp_path, "replicas = 1\n")
+    for address, message in [
+        (f"127.0.0.1:{free_port('127.0.0.1')}", "cannot reach the Ray cluster at 127.0.0.1:"),
+        ("nonsense", "expected auto, local or HOST:PORT"),
+    ]:
+        t0 = time.time()
+        r = subprocess.run(
+            [ROUTER, "--port", "0", "--models-preset", preset, "--ray", address],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **ENV},
+        )  # fmt: skip
+        assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
+        assert time.time() - t0 < 30
+
+
 def test_autoscaler_decisions() -> None:
     spec = ClusterSpec(min_replicas=0, max_replicas=3, target=2, upscale_delay=10, sleep_idle=30)
     st = ScaleState()

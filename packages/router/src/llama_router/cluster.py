@@ -292,6 +292,19 @@ class LocalCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """Raises ClusterError unless something accepts a connection at `address` (host:port of the head)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ClusterError(f"--ray {address!r}: expected auto, local or HOST:PORT (the head's GCS address)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout).close()
+    except OSError as e:
+        raise ClusterError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
+
+
 def _session_members(sessions: set[int]) -> list[int]:
     out = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
@@ -340,6 +353,8 @@ class Cluster:
                 raise
         log.info("ray: connecting to %s (namespace %s)", "a running cluster" if address == "auto" else address,
                  self.namespace)  # fmt: skip
+        if address != "auto":
+            _reachable(address)  # Ray itself retries an address nobody answers at for minutes
         try:
             ray.init(address=address, namespace=self.namespace, log_to_driver=False, logging_level=logging.WARNING,
                      configure_logging=False)  # fmt: skip
